@@ -1,0 +1,243 @@
+"""Strict configuration: YAML defaults + group files + CLI ``key=value`` overrides (omegaconf).
+
+Every entry point composes its config the same way:
+
+1. ``configs/<engine>/config.yaml`` holds every default, commented (it doubles as the reference that ``--help`` prints);
+2. group files (``configs/<engine>/<group>/<name>.yaml``, e.g. ``algo=sac`` or ``profile=smoke``) are merged on top;
+3. ``key=value`` overrides from the command line are applied last; short aliases (``env=Pong``) expand to full keys.
+
+Anything wrong raises :class:`ConfigError` with one line naming the key and what is allowed; :func:`run_cli` turns it
+into ``error: ...`` on stderr and exit code 2, without a traceback.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A bad input: the message is one line naming the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Allowed values of one config key (checked after the whole config is composed)."""
+
+    min: float | None = None
+    max: float | None = None
+    choices: tuple | None = None
+    integer: bool = False
+    check: Callable[[Any], None] | None = None  # raises ConfigError itself
+    nullable: bool = False
+
+    def describe(self) -> str:
+        parts = []
+        if self.choices is not None:
+            parts.append("one of " + ", ".join(map(str, self.choices)))
+        else:
+            parts.append("an integer" if self.integer else "a number")
+            if self.min is not None:
+                parts.append(f">= {self.min}")
+            if self.max is not None:
+                parts.append(f"<= {self.max}")
+        if self.nullable:
+            parts.append("or null")
+        return " ".join(parts)
+
+    def validate(self, key: str, value: Any) -> None:
+        if value is None and self.nullable:
+            return
+        if self.choices is not None:
+            if value not in self.choices:
+                raise ConfigError(f"{key}={value!r} is not allowed; allowed: {self.describe()}")
+        elif self.min is not None or self.max is not None or self.integer:
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if (
+                not numeric
+                or not math.isfinite(value)
+                or (self.integer and not float(value).is_integer())
+                or (self.min is not None and value < self.min)
+                or (self.max is not None and value > self.max)
+            ):
+                raise ConfigError(f"{key}={value!r} is out of range; allowed: {self.describe()}")
+        if self.check is not None:
+            self.check(value)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A config group: ``<name>=<file>`` merges ``<config_dir>/<name>/<file>.yaml``."""
+
+    name: str
+    may_add_keys: bool = False  # algorithm files add their own keys; profiles may only change existing ones
+
+
+def parse_overrides(argv: Iterable[str], aliases: dict[str, str] | None = None) -> dict[str, str]:
+    """Turn ``["env=Pong", "a.b=3"]`` into ``{"env.name": "Pong", "a.b": "3"}`` (values still raw strings)."""
+    aliases = aliases or {}
+    overrides: dict[str, str] = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"argument {arg!r} is not of the form key=value (run with --help for the keys)")
+        overrides[aliases.get(key, key)] = value
+    return overrides
+
+
+def _parse_value(key: str, raw: str) -> Any:
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{key}={raw!r} cannot be parsed: {str(exc).splitlines()[0]}") from None
+
+
+def _coerce(key: str, old: Any, new: Any) -> Any:
+    """Keep the default's type: an int key takes integral numbers, a float key takes any number, etc."""
+    if old is None or new is None:
+        return new
+    if isinstance(old, bool):
+        if isinstance(new, bool):
+            return new
+        raise ConfigError(f"{key}={new!r} has the wrong type; allowed: true or false")
+    if isinstance(old, int):
+        if isinstance(new, (int, float)) and not isinstance(new, bool) and float(new).is_integer():
+            return int(new)
+        raise ConfigError(f"{key}={new!r} has the wrong type; allowed: an integer")
+    if isinstance(old, float):
+        if isinstance(new, (int, float)) and not isinstance(new, bool):
+            return float(new)
+        raise ConfigError(f"{key}={new!r} has the wrong type; allowed: a number")
+    if isinstance(old, str):
+        if isinstance(new, (str, int, float)) and not isinstance(new, bool):
+            return str(new)
+        raise ConfigError(f"{key}={new!r} has the wrong type; allowed: a string")
+    if isinstance(old, (list, dict)):
+        if isinstance(new, type(old)):
+            return new
+        raise ConfigError(f"{key}={new!r} has the wrong type; allowed: a {type(old).__name__}")
+    return new
+
+
+def _group_choices(config_dir: Path, group: str) -> list[str]:
+    return sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+
+
+def _merge_group(cfg: DictConfig, config_dir: Path, group: Group, choice: str) -> DictConfig:
+    path = config_dir / group.name / f"{choice}.yaml"
+    if not path.is_file():
+        allowed = ", ".join(_group_choices(config_dir, group.name))
+        raise ConfigError(f"{group.name}={choice!r} does not exist; allowed: {allowed}")
+    layer = OmegaConf.load(path)  # omegaconf reads YAML with yaml.SafeLoader
+    OmegaConf.set_struct(cfg, not group.may_add_keys)
+    try:
+        merged = OmegaConf.merge(cfg, layer)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ConfigError(f"{path.name} sets unknown key '{key}' for group {group.name}") from None
+    OmegaConf.set_struct(merged, False)
+    return merged
+
+
+def compose(
+    config_dir: Path,
+    overrides: dict[str, str],
+    *,
+    groups: Sequence[Group] = (),
+    rules: dict[str, Rule] | None = None,
+    base: dict | None = None,
+) -> DictConfig:
+    """Compose defaults, group files, an optional ``base`` (a resumed run's config) and CLI overrides; validate."""
+    cfg = OmegaConf.load(config_dir / "config.yaml")
+    overrides = dict(overrides)
+    for group in groups:
+        choice = overrides.pop(group.name, None)
+        if choice is None and base is not None:
+            choice = base.get(group.name)
+        choice = choice if choice is not None else cfg.get(group.name)
+        if choice is not None:
+            cfg = _merge_group(cfg, config_dir, group, str(choice))
+            cfg[group.name] = str(choice)
+    if base is not None:
+        cfg = OmegaConf.merge(cfg, {k: v for k, v in base.items() if k not in {g.name for g in groups}})
+    OmegaConf.set_struct(cfg, True)
+    for key, raw in overrides.items():
+        try:
+            old = OmegaConf.select(cfg, key, throw_on_missing=False, default=_MISSING)
+        except OmegaConfBaseException:
+            old = _MISSING
+        if old is _MISSING:
+            raise ConfigError(f"unknown key '{key}'; {_suggest(cfg, key)}")
+        if isinstance(old, DictConfig):
+            raise ConfigError(f"'{key}' is a section; set one of its keys: {', '.join(f'{key}.{k}' for k in old)}")
+        value = _coerce(key, OmegaConf.to_container(old) if OmegaConf.is_config(old) else old, _parse_value(key, raw))
+        OmegaConf.update(cfg, key, value, merge=False)
+    for key, rule in (rules or {}).items():
+        rule.validate(key, OmegaConf.select(cfg, key))
+    return cfg
+
+
+_MISSING = object()
+
+
+def _flat_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in cfg.items():
+        full = f"{prefix}{k}"
+        keys.extend(_flat_keys(v, full + ".") if isinstance(v, DictConfig) else [full])
+    return keys
+
+
+def _suggest(cfg: DictConfig, key: str) -> str:
+    import difflib
+
+    keys = _flat_keys(cfg)
+    close = difflib.get_close_matches(key, keys, n=3, cutoff=0.5)
+    if not close:
+        leaf = key.rsplit(".", 1)[-1]
+        close = [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:3]
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    return hint + "run with --help for every key"
+
+
+def help_text(config_dir: Path, usage: str, aliases: dict[str, str], groups: Sequence[Group] = ()) -> str:
+    """The config reference: usage, aliases, group choices and the commented defaults file."""
+    lines = [usage, ""]
+    if aliases:
+        lines.append("aliases: " + ", ".join(f"{a}= -> {k}=" for a, k in aliases.items()))
+    for group in groups:
+        lines.append(f"{group.name}=: " + " | ".join(_group_choices(config_dir, group.name)))
+    lines += ["", f"# defaults: {config_dir / 'config.yaml'}", (config_dir / "config.yaml").read_text()]
+    return "\n".join(lines)
+
+
+def make_run_dir(cfg: DictConfig, name: str) -> Path:
+    """Create the run dir (``cfg.run_dir`` or ``runs/<name>-<time>``), store it in cfg and save the resolved config."""
+    if cfg.get("run_dir"):
+        run_dir = Path(cfg.run_dir)
+    else:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = Path("runs") / f"{name}-{stamp}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.run_dir = str(run_dir)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    return run_dir
+
+
+def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
+    """Run an entry point: a ConfigError becomes one ``error:`` line and exit code 2."""
+    try:
+        code = main(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code or 0)
