@@ -155,9 +155,10 @@ def compose(
     groups: Sequence[Group] = (),
     rules: dict[str, Rule] | None = None,
     base: dict | None = None,
+    defaults: str = "config.yaml",
 ) -> DictConfig:
     """Compose defaults, group files, an optional ``base`` (a resumed run's config) and CLI overrides; validate."""
-    cfg = OmegaConf.load(config_dir / "config.yaml")
+    cfg = OmegaConf.load(config_dir / defaults)
     overrides = dict(overrides)
     for group in groups:
         choice = overrides.pop(group.name, None)
@@ -209,14 +210,15 @@ def _suggest(cfg: DictConfig, key: str) -> str:
     return hint + "run with --help for every key"
 
 
-def help_text(config_dir: Path, usage: str, aliases: dict[str, str], groups: Sequence[Group] = ()) -> str:
+def help_text(config_dir: Path, usage: str, aliases: dict[str, str], groups: Sequence[Group] = (),
+              defaults: str = "config.yaml") -> str:
     """The config reference: usage, aliases, group choices and the commented defaults file."""
     lines = [usage, ""]
     if aliases:
         lines.append("aliases: " + ", ".join(f"{a}= -> {k}=" for a, k in aliases.items()))
     for group in groups:
         lines.append(f"{group.name}=: " + " | ".join(_group_choices(config_dir, group.name)))
-    lines += ["", f"# defaults: {config_dir / 'config.yaml'}", (config_dir / "config.yaml").read_text()]
+    lines += ["", f"# defaults: {config_dir / defaults}", (config_dir / defaults).read_text()]
     return "\n".join(lines)
 
 

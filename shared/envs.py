@@ -78,7 +78,7 @@ class AtariBatch:
     """``num_envs`` Atari games stepped together; observations are uint8 ``[E, C, H, W]``.
 
     ``step`` returns the training signal (clipped reward, done on life loss when ``episodic_life``) and the list of
-    real episodes that ended, as ``(score, agent_steps)``. Truncated episodes count as done; with same-step autoreset
+    real episodes that ended, as ``(env_index, score, agent_steps)``. Truncated episodes count as done; with same-step autoreset
     the observation returned for a finished game is already the first one of the next game.
     """
 
@@ -128,7 +128,7 @@ class AtariBatch:
         game_over = terminated | truncated
         self._score += reward
         self._length += 1
-        finished = [(float(self._score[i]), int(self._length[i])) for i in np.flatnonzero(game_over)]
+        finished = [(int(i), float(self._score[i]), int(self._length[i])) for i in np.flatnonzero(game_over)]
         self._score[game_over] = 0
         self._length[game_over] = 0
         done = game_over
@@ -141,3 +141,54 @@ class AtariBatch:
 
     def close(self) -> None:
         self._env.close()
+
+
+def check_gym_name(name: str) -> None:
+    """Raise ConfigError unless ``name`` is a registered Gymnasium id (MuJoCo ids included)."""
+    import gymnasium
+
+    if name not in gymnasium.registry:
+        examples = "CartPole-v1, Pendulum-v1, HalfCheetah-v5, Hopper-v5, Humanoid-v5"
+        raise ConfigError(f"env.name={name!r} is not a Gymnasium id or an ALE game; allowed: e.g. {examples}, Pong")
+
+
+def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = False,
+             atari: AtariSettings | None = None, train: bool = True):
+    """A torchrl env for a Gymnasium/MuJoCo id or an ALE game, with float32 observations and the episode return
+    in ``("next", "episode_reward")``.
+
+    Gymnasium ids go through ``GymEnv`` (``num_envs > 1`` batches them as one vector env, batch ``[num_envs]``).
+    ALE games go through ``AtariVectorEnv`` wrapped by torchrl's ``GymWrapper`` (the whole Atari preprocessing in C++,
+    observations uint8 ``[C, H, W]``); with ``train=False`` reward clipping and episodic life are off, so returns are
+    real game scores. ``render=True`` (Gymnasium only) makes ``env.render()`` return RGB frames for videos.
+    """
+    from torchrl.envs import Compose, DoubleToFloat, GymEnv, GymWrapper, RewardSum, TransformedEnv
+
+    if atari_rom(name) is not None and name not in _gym_ids():
+        from ale_py.vector_env import AtariVectorEnv
+
+        s = atari or AtariSettings(name=name)
+        base = GymWrapper(AtariVectorEnv(
+            atari_rom(name), num_envs, num_threads=1, frameskip=s.frame_skip, stack_num=s.frame_stack,
+            img_height=s.image_size, img_width=s.image_size, grayscale=s.grayscale, noop_max=s.noop_max,
+            use_fire_reset=s.fire_reset, repeat_action_probability=s.sticky_actions,
+            max_num_frames_per_episode=s.max_episode_frames,
+            episodic_life=s.episodic_life and train, reward_clipping=s.clip_rewards and train,
+            autoreset_mode="SameStep",  # torchrl's GymWrapper refuses NextStep autoreset
+        ))
+        base.set_seed(seed)
+        return TransformedEnv(base, RewardSum())
+    check_gym_name(name)
+    kwargs = {"render_mode": "rgb_array"} if render else {}
+    if num_envs > 1:
+        kwargs["num_envs"] = num_envs
+    env = TransformedEnv(GymEnv(name, **kwargs), Compose(DoubleToFloat(), RewardSum()))
+    env.set_seed(seed)
+    return env
+
+
+@functools.lru_cache(maxsize=1)
+def _gym_ids() -> frozenset:
+    import gymnasium
+
+    return frozenset(gymnasium.registry)

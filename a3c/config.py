@@ -1,0 +1,67 @@
+"""The A3C config: defaults in configs/a3c/config.yaml, profiles in configs/a3c/profile/, and the allowed values."""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, compose, help_text, parse_overrides
+from shared.envs import check_atari_name
+from shared.logging import BACKENDS
+from shared.models import AtariTrunk
+
+CONFIG_DIR = CONFIG_ROOT / "a3c"
+ALIASES = {"env": "env.name", "lr": "optim.lr", "arch": "model.arch"}
+GROUPS = (Group("profile"),)
+USAGE = "usage: python -m a3c.train [env=Pong] [workers=N] [profile=smoke] [key=value ...]"
+
+_positive_int = Rule(min=1, integer=True)
+_non_negative = Rule(min=0)
+RULES = {
+    "env.name": Rule(check=check_atari_name),
+    "env.envs_per_worker": _positive_int,
+    "env.frame_skip": _positive_int,
+    "env.frame_stack": _positive_int,
+    "env.image_size": Rule(min=36, max=256, integer=True),
+    "env.noop_max": Rule(min=0, integer=True),
+    "env.sticky_actions": Rule(min=0.0, max=1.0),
+    "env.max_episode_frames": _positive_int,
+    "model.arch": Rule(choices=AtariTrunk.ARCHS),
+    "workers": Rule(min=1, max=256, integer=True),
+    "total_frames": _positive_int,
+    "seed": Rule(min=0, integer=True),
+    "a3c.t_max": _positive_int,
+    "a3c.gamma": Rule(min=0.0, max=1.0),
+    "a3c.gae_lambda": Rule(min=0.0, max=1.0),
+    "a3c.entropy_coeff": _non_negative,
+    "a3c.critic_coeff": _non_negative,
+    "a3c.loss_critic_type": Rule(choices=("l2", "smooth_l1")),
+    "a3c.max_grad_norm": Rule(min=1e-8),
+    "a3c.minibatches": _positive_int,
+    "optim.name": Rule(choices=("adam", "rmsprop")),
+    "optim.lr": Rule(min=1e-12, max=1.0),
+    "optim.eps": Rule(min=0.0),
+    "optim.rmsprop_alpha": Rule(min=0.0, max=1.0),
+    "optim.weight_decay": _non_negative,
+    "eval.interval_frames": Rule(min=0, integer=True),
+    "eval.episodes": _positive_int,
+    "eval.final_episodes": Rule(min=0, integer=True),
+    "eval.max_episode_frames": _positive_int,
+    "logger.backend": Rule(choices=BACKENDS),
+    "logger.interval_s": _non_negative,
+    "checkpoint.interval_s": _non_negative,
+    "supervision.max_restarts": Rule(min=0, integer=True),
+    "supervision.stop_timeout_s": Rule(min=0.5, max=60),
+}
+
+
+def load_config(argv: list[str], base: dict | None = None) -> DictConfig:
+    """Compose the A3C config from the command line (``base``: a resumed checkpoint's config)."""
+    cfg = compose(CONFIG_DIR, parse_overrides(argv, ALIASES), groups=GROUPS, rules=RULES, base=base)
+    rollout = cfg.env.envs_per_worker * cfg.a3c.t_max
+    if rollout % cfg.a3c.minibatches:
+        raise ConfigError(f"a3c.minibatches={cfg.a3c.minibatches} must divide the rollout size "
+                          f"env.envs_per_worker x a3c.t_max = {rollout}")
+    return cfg
+
+
+def config_help() -> str:
+    return help_text(CONFIG_DIR, USAGE, ALIASES, GROUPS)

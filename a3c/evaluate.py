@@ -1,0 +1,131 @@
+"""Greedy evaluation of the A3C model: the function, the background evaluator process, and the CLI.
+
+``python -m a3c.evaluate checkpoint=<path> episodes=10 video=true`` prints the mean and std return.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from shared.checkpoint import load_checkpoint
+from shared.config import CONFIG_ROOT, ConfigError, Rule, compose, help_text, parse_overrides, run_cli
+from shared.envs import AtariBatch, AtariSettings
+from shared.evaluation import return_stats, write_video
+from shared.models import AtariActorCritic
+
+VIDEO_SCALE = 4  # agent-view frames (84x84) are upscaled for viewing
+
+
+def build_model(cfg, num_actions: int) -> AtariActorCritic:
+    """The actor-critic described by a run config."""
+    settings = AtariSettings.from_config(cfg.env)
+    return AtariActorCritic(num_actions, settings.channels, settings.image_size, cfg.model.arch)
+
+
+def eval_settings(cfg, max_episode_frames: int) -> AtariSettings:
+    """The training env stack, with the evaluation's episode cap."""
+    return dataclasses.replace(AtariSettings.from_config(cfg.env), max_episode_frames=max_episode_frames)
+
+
+def _video_frame(obs: np.ndarray, grayscale: bool) -> np.ndarray:
+    frame = obs[-1] if grayscale else obs[-3:].transpose(1, 2, 0)  # the newest frame of the stack
+    return frame.repeat(VIDEO_SCALE, 0).repeat(VIDEO_SCALE, 1)
+
+
+@torch.no_grad()
+def greedy_episodes(model: AtariActorCritic, settings: AtariSettings, episodes: int, seed: int, *,
+                    video_path: Path | None = None,
+                    should_stop: Callable[[], bool] = lambda: False) -> list[float] | None:
+    """Play ``episodes`` games in parallel with the argmax action; return their scores (None if stopped early).
+
+    With ``video_path`` the first game is written as an mp4 of what the agent sees."""
+    env = AtariBatch(settings, episodes, seed)
+    scores: list[float | None] = [None] * episodes
+    frames = []
+    try:
+        obs = env.reset()
+        while any(s is None for s in scores):
+            if should_stop():
+                return None
+            if video_path is not None and scores[0] is None:
+                frames.append(_video_frame(obs[0], settings.grayscale))
+            logits, _ = model(torch.from_numpy(obs))
+            obs, _, _, ended = env.step(logits.argmax(-1).numpy())
+            for index, score, _ in ended:
+                if scores[index] is None:
+                    scores[index] = score
+    finally:
+        env.close()
+    if video_path is not None:
+        write_video(video_path, frames, fps=30)
+    return scores
+
+
+def evaluator_main(cfg_dict: dict, global_model: AtariActorCritic, num_actions: int, stats, stop_event) -> None:
+    """Background evaluator process: greedy episodes of the global weights every ``eval.interval_frames``.
+
+    It runs at a lower priority than the workers and only reads the shared weights, so training never waits on it.
+    """
+    from a3c.worker import process_setup
+
+    process_setup(nice=10)
+    cfg = OmegaConf.create(cfg_dict)
+    settings = eval_settings(cfg, cfg.eval.max_episode_frames)
+    model = build_model(cfg, num_actions)
+    interval = cfg.eval.interval_frames
+    next_at = (stats.frames // interval + 1) * interval
+    while not stop_event.wait(0.5):
+        frames = stats.frames
+        if frames < next_at:
+            continue
+        model.load_state_dict(global_model.state_dict())
+        video = Path(cfg.run_dir) / "videos" / f"eval_{frames}.mp4" if cfg.eval.video else None
+        scores = greedy_episodes(model, settings, cfg.eval.episodes, cfg.seed + 7919, video_path=video,
+                                 should_stop=stop_event.is_set)
+        if scores is None:
+            return
+        stats.add_eval(frames, float(np.mean(scores)), float(np.std(scores)), len(scores))
+        next_at = (stats.frames // interval + 1) * interval
+
+
+_RULES = {"episodes": Rule(min=1, max=256, integer=True), "seed": Rule(min=0, integer=True),
+          "max_episode_frames": Rule(min=1, integer=True)}
+_USAGE = "usage: python -m a3c.evaluate checkpoint=<path> [episodes=10] [video=true]"
+
+
+def main(argv: list[str]) -> int:
+    """Evaluate a checkpoint; prints ``return: mean +- std`` and writes evaluation.json (and an mp4)."""
+    config_dir = CONFIG_ROOT / "a3c"
+    if {"-h", "--help"} & set(argv):
+        print(help_text(config_dir, _USAGE, {}, defaults="evaluate.yaml"))
+        return 0
+    args = compose(config_dir, parse_overrides(argv), rules=_RULES, defaults="evaluate.yaml")
+    if not args.checkpoint:
+        raise ConfigError("checkpoint is required; allowed: the path of a checkpoint written by a3c.train")
+    ckpt = load_checkpoint(args.checkpoint)
+    cfg = OmegaConf.create(ckpt["config"])
+    model = build_model(cfg, ckpt["num_actions"])
+    model.load_state_dict(ckpt["model"])
+    out_dir = Path(args.out_dir or Path(args.checkpoint).resolve().parent.parent)
+    video = out_dir / "videos" / f"evaluate_{ckpt['counters']['frames']}.mp4" if args.video else None
+    torch.set_num_threads(1)
+    scores = greedy_episodes(model, eval_settings(cfg, args.max_episode_frames), args.episodes, args.seed,
+                             video_path=video)
+    result = {**return_stats(scores), "scores": scores, "frames_trained": ckpt["counters"]["frames"],
+              "env": cfg.env.name, "checkpoint": str(args.checkpoint), "video": str(video) if video else None}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "evaluation.json").write_text(json.dumps(result, indent=2))
+    print(f"return: {result['return']:.2f} +- {result['return_std']:.2f} over {args.episodes} greedy episodes "
+          f"({cfg.env.name}, {result['frames_trained']} frames trained)" + (f"; video: {video}" if video else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,73 @@
+"""The A3C update on a worker: torchrl GAE + A2C loss on the local model, applied to the shared global model."""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data.replay_buffers.samplers import SamplerWithoutReplacement
+from torchrl.objectives import A2CLoss
+from torchrl.objectives.value import GAE
+
+from a3c.optim import copy_gradients
+from shared.models import AtariActorCritic, torchrl_actor_critic
+
+
+class A3CLearner:
+    """One worker's learner: ``update(batch)`` computes advantages, the loss and gradients on ``local`` and steps
+    the shared ``optimizer`` of ``global_model`` with a copy of those gradients."""
+
+    def __init__(self, local: AtariActorCritic, global_model: AtariActorCritic, optimizer: torch.optim.Optimizer,
+                 *, gamma: float, gae_lambda: float, entropy_coeff: float, critic_coeff: float,
+                 loss_critic_type: str, max_grad_norm: float, rollout_size: int, minibatches: int = 1):
+        self.local = local
+        self.global_model = global_model
+        self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
+        self.minibatches = minibatches
+        self.trunk, actor, critic = torchrl_actor_critic(local)
+        # values come from the acting passes (see Rollout.collect), so GAE runs without a value network
+        self.gae = GAE(gamma=gamma, lmbda=gae_lambda, value_network=None, average_gae=False)
+        self.loss = A2CLoss(actor, critic, entropy_coeff=entropy_coeff, critic_coeff=critic_coeff,
+                            loss_critic_type=loss_critic_type, functional=False)
+        self.shuffler = None
+        if minibatches > 1:
+            self.shuffler = ReplayBuffer(storage=LazyTensorStorage(rollout_size), sampler=SamplerWithoutReplacement(),
+                                         batch_size=rollout_size // minibatches)
+
+    def sync(self) -> None:
+        """Load the global weights into the local model."""
+        self.local.load_state_dict(self.global_model.state_dict())
+
+    def update(self, rollout: TensorDict) -> dict[str, float]:
+        """Apply one rollout (``[envs, t_max]``): one optimizer step, or one per shuffled minibatch."""
+        self.gae(rollout)
+        data = rollout.reshape(-1)
+        if self.shuffler is None:
+            return self._step(data)
+        self.shuffler.empty()
+        self.shuffler.extend(data)
+        metrics = {}
+        for i in range(self.minibatches):
+            if i:
+                self.sync()
+            metrics = self._step(self.shuffler.sample())
+        return metrics
+
+    def _step(self, batch: TensorDict) -> dict[str, float]:
+        self.trunk(batch)  # shared features once, with grad; actor and critic heads read "hidden"
+        losses = self.loss(batch)
+        total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
+        total.backward()
+        copy_gradients(self.local, self.global_model)
+        grad_norm = nn.utils.clip_grad_norm_(self.global_model.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        self.local.zero_grad(set_to_none=True)
+        return {
+            "loss/objective": losses["loss_objective"].item(),
+            "loss/critic": losses["loss_critic"].item(),
+            "loss/entropy": losses["loss_entropy"].item(),
+            "a3c/entropy": losses["entropy"].item(),
+            "a3c/grad_norm": grad_norm.item(),
+            "a3c/advantage": batch["advantage"].mean().item(),
+        }

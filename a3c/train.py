@@ -1,0 +1,143 @@
+"""A3C on Atari: ``python -m a3c.train env=Pong workers=N [profile=smoke] [key=value ...]``.
+
+The global actor-critic and its optimizer state live in shared memory; N worker processes each play, compute
+gradients on a local copy, copy them into the global model and step the shared optimizer (a3c/worker.py). This
+process supervises them, shows progress, checkpoints on a timer and on exit, and writes curves.png and summary.json.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from a3c.config import ALIASES, config_help, load_config
+from a3c.evaluate import build_model
+from a3c.optim import make_shared_optimizer
+from a3c.stats import SharedStats
+from a3c.supervisor import WorkerFailure, WorkerPool
+from shared.checkpoint import load_checkpoint, save_checkpoint
+from shared.config import make_run_dir, parse_overrides, run_cli
+from shared.envs import AtariBatch, AtariSettings
+from shared.plots import plot_curves
+
+EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
+
+
+class StopRequest:
+    """Turns SIGINT/SIGTERM into a flag the supervision loop polls."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.signum = signum
+
+
+def save(path: Path, model, optimizer, stats: SharedStats, cfg, num_actions: int) -> None:
+    counts = stats.snapshot()
+    save_checkpoint(path, {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "counters": {"frames": counts["frames"], "updates": counts["updates"], "episodes": counts["episodes"]},
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "num_actions": num_actions,
+    })
+
+
+def main(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print(config_help())
+        return 0
+    resume = parse_overrides(argv, ALIASES).get("resume")
+    ckpt = load_checkpoint(resume) if resume else None
+    cfg = load_config(argv, base=ckpt["config"] if ckpt else None)
+    run_dir = make_run_dir(cfg, f"a3c-{cfg.env.name}")
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers before they import torch
+    torch.set_num_threads(1)
+
+    probe = AtariBatch(AtariSettings.from_config(cfg.env), 1, cfg.seed)
+    num_actions = probe.num_actions
+    probe.close()
+    model = build_model(cfg, num_actions).share_memory()
+    optimizer = make_shared_optimizer(model.parameters(), cfg.optim.name, cfg.optim.lr, cfg.optim.eps,
+                                      cfg.optim.rmsprop_alpha, cfg.optim.weight_decay)
+    stats = SharedStats(cfg.workers)
+    if ckpt:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])  # SharedAdam/SharedRMSprop re-share the loaded state
+        stats.restore(**ckpt["counters"])
+    ckpt_path = run_dir / "checkpoints" / "last.pt"
+    print(f"a3c: {cfg.env.name}, {cfg.workers} workers x {cfg.env.envs_per_worker} envs, {cfg.model.arch} model, "
+          f"{stats.frames:,}/{cfg.total_frames:,} frames; run dir {run_dir}", flush=True)
+
+    pool = WorkerPool(mp.get_context("spawn"), OmegaConf.to_container(cfg, resolve=True), model, optimizer,
+                      num_actions, stats)
+    stop = StopRequest()
+    start_time, start_frames = time.monotonic(), stats.frames
+    last_ckpt = start_time
+    status, error = "completed", None
+    pool.start()
+    (run_dir / "pids.json").write_text(json.dumps({"main": os.getpid(), **pool.pids()}))
+    bar = tqdm(total=cfg.total_frames, initial=start_frames, unit="frame", unit_scale=True, dynamic_ncols=True,
+               file=sys.stdout, mininterval=1.0)
+    try:
+        while True:
+            time.sleep(0.25)
+            if stop.signum is not None:
+                status = "interrupted"
+                break
+            if pool.check():
+                break
+            frames = stats.frames
+            bar.update(min(frames, cfg.total_frames) - bar.n)
+            recent = stats.recent_scores(20)
+            final = stats.final_evaluation()
+            bar.set_postfix(fps=f"{(frames - start_frames) / (time.monotonic() - start_time):.0f}",
+                            ret=f"{sum(recent) / len(recent):.1f}" if recent else "-",
+                            eval="-" if final is None else f"{final['return']:.1f}", refresh=False)
+            if cfg.checkpoint.interval_s and time.monotonic() - last_ckpt >= cfg.checkpoint.interval_s:
+                save(ckpt_path, model, optimizer, stats, cfg, num_actions)
+                last_ckpt = time.monotonic()
+    except WorkerFailure as exc:
+        status, error = "failed", str(exc)
+    finally:
+        pool.stop(cfg.supervision.stop_timeout_s)
+        bar.close()
+    save(ckpt_path, model, optimizer, stats, cfg, num_actions)
+    elapsed = time.monotonic() - start_time
+    counts = stats.snapshot()
+    curves = plot_curves(run_dir, {"train return (all workers)": "train/return", "greedy eval return": "eval/return"},
+                         title=f"A3C {cfg.env.name}: {cfg.workers} workers", xlabel="emulator frames")
+    _, last_evals = stats.evals_since(max(0, counts["evals"] - 1))
+    recent = stats.recent_scores(100)
+    summary = {
+        "status": status, "error": error, "env": cfg.env.name, "workers": cfg.workers, **counts,
+        "wall_time_s": elapsed,
+        "frames_per_s": (counts["frames"] - start_frames) / elapsed,
+        "agent_steps_per_s": (counts["frames"] - start_frames) / cfg.env.frame_skip / elapsed,
+        "train_return_last_100": sum(recent) / len(recent) if recent else None,
+        "last_eval": dict(zip(("frames", "return", "return_std", "episodes"), last_evals[-1])) if last_evals else None,
+        "final_eval": stats.final_evaluation(),
+        "worker_restarts": pool.restarts, "worker_deaths": pool.deaths, "pids": pool.pids(),
+        "checkpoint": str(ckpt_path), "curves": str(curves) if curves else None,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"a3c: {status} at {counts['frames']:,} frames in {elapsed:.0f}s "
+          f"({summary['agent_steps_per_s']:.0f} agent steps/s); checkpoint {ckpt_path}", flush=True)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+    return EXIT_CODES[status]
+
+
+if __name__ == "__main__":
+    run_cli(main)
