@@ -1,0 +1,238 @@
+"""Which parts each algorithm uses: networks, collection policy (with its exploration), loss, target updater,
+optimisers and the torchrl trainer class. Where the parts run (local collector, replay, learner) is engine.py's job.
+
+Every builder returns an :class:`AlgoParts`; the loop in train.py never branches on the algorithm.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig
+from tensordict import TensorDict
+from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.trainers.algorithms import DDPGTrainer
+
+from shared.models import AtariTrunk, mlp
+
+ALGOS = ("dqn", "sac", "ddpg", "td3")
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
+
+
+@dataclass
+class AlgoParts:
+    """The algorithm's parts, built from the config and the env's specs."""
+
+    collect_policy: nn.Module  # what the collector runs: stochastic (samples, noise or epsilon-greedy)
+    eval_policy: nn.Module  # deterministic: the loss's actor (greedy Q network for DQN)
+    exploration: nn.Module | None  # annealed module published with the actor (None for SAC)
+    loss: nn.Module
+    target_updater: Any
+    optimizers: dict[str, torch.optim.Optimizer]  # checkpointed by name
+    trainer_cls: type
+    trainer_kwargs: dict = field(default_factory=dict)  # algorithm-specific trainer arguments
+    exploration_value: Callable[[], float] | None = None  # current epsilon / sigma, for train/ metrics
+    discrete: bool = False
+
+
+def build_parts(cfg: DictConfig, env) -> AlgoParts:
+    """Build the parts of ``cfg.algo`` for ``env`` (a torchrl env: only its specs are read)."""
+    return {"dqn": _dqn, "sac": _sac, "ddpg": _ddpg, "td3": _td3}[cfg.algo](cfg, env)
+
+
+def _specs(env):
+    obs_spec = env.observation_spec_unbatched["observation"]
+    action_spec = env.action_spec_unbatched
+    return obs_spec, action_spec
+
+
+def _act(cfg):
+    return ACTIVATIONS[cfg.model.activation]
+
+
+def _hidden(cfg):
+    return tuple(int(h) for h in cfg.model.hidden)
+
+
+def _continuous_actor(cfg, obs_dim: int, action_spec) -> TensorDictSequential:
+    """Deterministic actor ``observation -> action`` squashed into the action bounds (TD3, DDPG)."""
+    from torchrl.modules import TanhModule
+
+    net = mlp(obs_dim, action_spec.shape[-1], _hidden(cfg), _act(cfg))
+    return TensorDictSequential(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["action_param"]),
+        TanhModule(in_keys=["action_param"], out_keys=["action"], spec=action_spec),
+    )
+
+
+def _qvalue(cfg, obs_dim: int, action_dim: int):
+    from torchrl.modules import MLP, ValueOperator
+
+    # torchrl's MLP concatenates its inputs (observation, action); shared.models.mlp takes one tensor
+    net = MLP(in_features=obs_dim + action_dim, out_features=1, num_cells=list(_hidden(cfg)),
+              activation_class=_act(cfg))
+    return ValueOperator(net, in_keys=["observation", "action"])
+
+
+def _noise(cfg_section, action_spec, anneal_frames: int):
+    """Additive Gaussian or Ornstein-Uhlenbeck action noise; sigma is in units of half the action range."""
+    from torchrl.modules import AdditiveGaussianModule, OrnsteinUhlenbeckProcessModule
+
+    half_range = (action_spec.space.high - action_spec.space.low) / 2
+    if cfg_section.noise == "gaussian":
+        return AdditiveGaussianModule(action_spec, sigma_init=cfg_section.sigma, sigma_end=cfg_section.sigma_end,
+                                      annealing_num_steps=anneal_frames, std=half_range, safe=True)
+    if cfg_section.noise == "ou":
+        # OU's own scale is absolute; eps anneals it from 1 to sigma_end / sigma. Needs the env's InitTracker.
+        return OrnsteinUhlenbeckProcessModule(action_spec, sigma=float(cfg_section.sigma * half_range.mean()),
+                                              eps_init=1.0, eps_end=cfg_section.sigma_end / cfg_section.sigma,
+                                              annealing_num_steps=anneal_frames, safe=True)
+    return None
+
+
+def _noise_value(module) -> Callable[[], float]:
+    """Current noise scale: Gaussian sigma, or the OU module's annealing factor eps."""
+    if module is None:
+        return lambda: 0.0
+    return lambda: float(module.sigma if hasattr(module, "sigma") else module.eps)
+
+
+def _dqn(cfg, env) -> AlgoParts:
+    from torchrl.modules import EGreedyModule, QValueActor
+    from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
+    from torchrl.trainers.algorithms import DQNTrainer
+
+    obs_spec, action_spec = _specs(env)
+    n_actions = action_spec.shape[-1]
+    if obs_spec.dtype == torch.uint8:  # Atari frames [C, H, W]
+        trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature")
+        net = nn.Sequential(trunk, nn.Linear(trunk.out_features, n_actions))
+    else:
+        net = mlp(obs_spec.shape[-1], n_actions, _hidden(cfg), _act(cfg))
+    qnet = QValueActor(net, in_keys=["observation"], spec=action_spec)
+    greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
+                           annealing_num_steps=cfg.dqn.eps_anneal_frames)
+    loss = DQNLoss(qnet, loss_function=cfg.optim.loss_function, delay_value=True, double_dqn=cfg.dqn.double,
+                   action_space=action_spec)
+    loss.make_value_estimator(gamma=cfg.optim.gamma)
+    if cfg.dqn.target_update > 0:
+        target = HardUpdate(loss, value_network_update_interval=cfg.dqn.target_update)
+    else:
+        target = SoftUpdate(loss, tau=cfg.target.tau)
+    optimizer = torch.optim.Adam(loss.value_network_params.flatten_keys().values(), lr=cfg.optim.lr)
+    return AlgoParts(
+        collect_policy=TensorDictSequential(qnet, greedy), eval_policy=qnet, exploration=greedy, loss=loss,
+        target_updater=target, optimizers={"q": optimizer}, trainer_cls=DQNTrainer,
+        trainer_kwargs={"optimizer": optimizer, "greedy_module": greedy},
+        exploration_value=lambda: float(greedy.eps), discrete=True,
+    )
+
+
+def _sac(cfg, env) -> AlgoParts:
+    from torchrl.modules import ProbabilisticActor, TanhNormal
+    from torchrl.objectives import SACLoss, SoftUpdate
+    from torchrl.trainers.algorithms import SACTrainer
+
+    obs_spec, action_spec = _specs(env)
+    obs_dim, action_dim = obs_spec.shape[-1], action_spec.shape[-1]
+    net = nn.Sequential(mlp(obs_dim, 2 * action_dim, _hidden(cfg), _act(cfg)), NormalParamExtractor())
+    actor = ProbabilisticActor(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"]),
+        in_keys=["loc", "scale"], spec=action_spec, distribution_class=TanhNormal,
+        distribution_kwargs={"low": action_spec.space.low, "high": action_spec.space.high},
+        return_log_prob=False,
+    )
+    target_entropy = cfg.sac.target_entropy if cfg.sac.target_entropy == "auto" else float(cfg.sac.target_entropy)
+    loss = SACLoss(actor, _qvalue(cfg, obs_dim, action_dim), num_qvalue_nets=2, loss_function=cfg.optim.loss_function,
+                   alpha_init=cfg.sac.alpha_init, fixed_alpha=cfg.sac.fixed_alpha, target_entropy=target_entropy,
+                   action_spec=action_spec)
+    loss.make_value_estimator(gamma=cfg.optim.gamma)
+    groups = [
+        {"params": list(loss.actor_network_params.flatten_keys().values()), "lr": cfg.optim.lr},
+        {"params": list(loss.qvalue_network_params.flatten_keys().values()), "lr": cfg.optim.critic_lr},
+    ]
+    if not cfg.sac.fixed_alpha:
+        groups.append({"params": [loss.log_alpha], "lr": cfg.sac.alpha_lr})
+    # One optimiser with a group per network: SACLoss detaches what each term must not train, so one summed
+    # backward equals the three separate updates.
+    optimizer = torch.optim.Adam(groups)
+    return AlgoParts(
+        collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
+        target_updater=SoftUpdate(loss, tau=cfg.target.tau), optimizers={"sac": optimizer},
+        trainer_cls=SACTrainer, trainer_kwargs={"optimizer": optimizer},
+        exploration_value=lambda: float(loss.log_alpha.detach().exp()),
+    )
+
+
+def _ddpg(cfg, env) -> AlgoParts:
+    from torchrl.objectives import DDPGLoss, SoftUpdate
+
+    obs_spec, action_spec = _specs(env)
+    obs_dim, action_dim = obs_spec.shape[-1], action_spec.shape[-1]
+    actor = _continuous_actor(cfg, obs_dim, action_spec)
+    noise = _noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_frames)
+    loss = DDPGLoss(actor, _qvalue(cfg, obs_dim, action_dim), loss_function=cfg.optim.loss_function,
+                    delay_actor=True, delay_value=True)
+    loss.make_value_estimator(gamma=cfg.optim.gamma)
+    optimizer = torch.optim.Adam([
+        {"params": list(loss.actor_network_params.flatten_keys().values()), "lr": cfg.optim.lr},
+        {"params": list(loss.value_network_params.flatten_keys().values()), "lr": cfg.optim.critic_lr},
+    ])
+    return AlgoParts(
+        collect_policy=actor if noise is None else TensorDictSequential(actor, noise), eval_policy=actor,
+        exploration=noise, loss=loss, target_updater=SoftUpdate(loss, tau=cfg.target.tau),
+        optimizers={"ddpg": optimizer}, trainer_cls=ExploringDDPGTrainer,
+        trainer_kwargs={"optimizer": optimizer, "exploration_module": noise}, exploration_value=_noise_value(noise),
+    )
+
+
+def _td3(cfg, env) -> AlgoParts:
+    from torchrl.objectives import SoftUpdate, TD3Loss
+    from torchrl.trainers.algorithms.td3 import TD3OptimizationStepper, TD3Trainer
+
+    obs_spec, action_spec = _specs(env)
+    obs_dim, action_dim = obs_spec.shape[-1], action_spec.shape[-1]
+    actor = _continuous_actor(cfg, obs_dim, action_spec)
+    noise = _noise(cfg.td3, action_spec, cfg.td3.anneal_frames)
+    loss = TD3Loss(actor, _qvalue(cfg, obs_dim, action_dim), action_spec=action_spec, num_qvalue_nets=2,
+                   policy_noise=cfg.td3.target_noise, noise_clip=cfg.td3.noise_clip,
+                   loss_function=cfg.optim.loss_function)
+    loss.make_value_estimator(gamma=cfg.optim.gamma)
+    actor_opt = torch.optim.Adam(loss.actor_network_params.flatten_keys().values(), lr=cfg.optim.lr)
+    critic_opt = torch.optim.Adam(loss.qvalue_network_params.flatten_keys().values(), lr=cfg.optim.critic_lr)
+    stepper = TD3OptimizationStepper(actor_opt, critic_opt, policy_update_delay=cfg.td3.policy_delay)
+    return AlgoParts(
+        collect_policy=TensorDictSequential(actor, noise), eval_policy=actor, exploration=noise, loss=loss,
+        target_updater=SoftUpdate(loss, tau=cfg.target.tau), optimizers={"actor": actor_opt, "critic": critic_opt},
+        trainer_cls=TD3Trainer, trainer_kwargs={"optimization_stepper": stepper, "exploration_module": noise},
+        exploration_value=_noise_value(noise),
+    )
+
+
+class ExploringDDPGTrainer(DDPGTrainer):
+    """torchrl's DDPGTrainer plus an optional ``exploration_module``, as TD3Trainer has.
+
+    torchrl 0.14.1's DDPGTrainer publishes the bare actor's weights, which do not match a collector policy
+    ``TensorDictSequential(actor, noise)`` (KeyError on ``('module', '0', ...)``). Here the published weights are those
+    of actor + exploration, while the loss and the evaluator keep the deterministic actor.
+    """
+
+    def __init__(self, *, exploration_module: nn.Module | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.exploration_module = exploration_module
+        if exploration_module is not None and self.learner_backend == "local":
+            from torchrl.trainers.trainers import UpdateWeights
+
+            # Drop the parent's bare-actor publisher (register_op wraps it; __wrapped__ is the hook itself).
+            self._post_steps_ops = [(op, kw) for op, kw in self._post_steps_ops
+                                    if not isinstance(getattr(op, "__wrapped__", None), UpdateWeights)]
+            source = TensorDictSequential(self.loss_module.actor_network, exploration_module)
+            self.register_op("post_steps", UpdateWeights(self.collector, 1,
+                                                         policy_weights_getter=partial(TensorDict.from_module, source)))
+
+    def _execution_weight_publication(self):
+        # Ray learner backend: publish actor + exploration, as TD3Trainer does.
+        return self._compose_execution_weight_publication(self.exploration_module)

@@ -1,0 +1,339 @@
+"""Entry point of the off-policy engine: ``python -m offpolicy.train algo=dqn|sac|ddpg|td3 [env=...] [key=value...]``.
+
+One loop, torchrl's: the algorithm's ``*Trainer`` collects a batch, writes it (flattened) into replay, runs
+``utd_ratio * frames_per_batch`` optimiser steps and publishes the weights to the collector. This file builds the
+parts (algorithms.py: which; engine.py: where they run) and registers the hooks around that loop: prefill,
+invariants, metrics, exploration annealing, asynchronous evaluation and checkpoints.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from offpolicy import engine
+from offpolicy.algorithms import ACTIVATIONS, ALGOS, AlgoParts, build_parts
+from offpolicy.evaluate import AsyncEvaluator
+from offpolicy.invariants import InvariantError, Invariants
+from offpolicy.metrics import Metrics, SharedLogger
+from shared.checkpoint import load_checkpoint, save_checkpoint
+from shared.config import (CONFIG_ROOT, ConfigError, Group, Rule, compose, help_text, make_run_dir,
+                           parse_overrides, run_cli)
+from shared.logging import BACKENDS, make_logger
+from shared.plots import plot_curves
+
+CONFIG_DIR = CONFIG_ROOT / "offpolicy"
+ALIASES = {"env": "env.name", "lr": "optim.lr", "utd": "optim.utd_ratio"}
+GROUPS = (Group("algo", may_add_keys=True), Group("profile"))
+USAGE = ("usage: python -m offpolicy.train algo=dqn|sac|ddpg|td3 [env=NAME] [profile=smoke|local] "
+         "[run_dir=PATH] [resume=CHECKPOINT] [key=value ...]")
+EXIT_INVARIANT = 3
+EXIT_INTERRUPTED = 130
+
+
+def _positive_ints(key):
+    def check(value):
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+            raise ConfigError(f"{key}={value!r} is not allowed; allowed: a non-empty list of positive integers")
+    return check
+
+
+RULES = {
+    "env.num_envs": Rule(min=1, integer=True),
+    "total_frames": Rule(min=1, integer=True),
+    "seed": Rule(min=0, integer=True),
+    "threads": Rule(min=1, integer=True),
+    "collector.frames_per_batch": Rule(min=1, integer=True),
+    "collector.prefill_frames": Rule(min=0, integer=True),
+    "model.hidden": Rule(check=_positive_ints("model.hidden")),
+    "model.activation": Rule(choices=tuple(ACTIVATIONS)),
+    "optim.utd_ratio": Rule(min=1e-9),
+    "optim.batch_size": Rule(min=1, integer=True),
+    "optim.lr": Rule(min=1e-12),
+    "optim.critic_lr": Rule(min=1e-12),
+    "optim.max_grad_norm": Rule(min=1e-12, nullable=True),
+    "optim.gamma": Rule(min=0, max=1),
+    "optim.loss_function": Rule(choices=("l2", "smooth_l1")),
+    "target.tau": Rule(min=0, max=1),
+    "replay.size": Rule(min=1, integer=True),
+    "eval.interval_frames": Rule(min=0, integer=True),
+    "eval.episodes": Rule(min=1, integer=True),
+    "eval.final_episodes": Rule(min=0, integer=True),
+    "eval.max_episode_steps": Rule(min=1, integer=True),
+    "logger.backend": Rule(choices=BACKENDS),
+    "logger.interval_s": Rule(min=0),
+    "checkpoint.interval_s": Rule(min=0),
+    "invariants.check_every": Rule(min=1, integer=True),
+}
+_NOISE = {"noise": Rule(choices=("gaussian", "ou")), "sigma": Rule(min=1e-9), "sigma_end": Rule(min=0),
+          "anneal_frames": Rule(min=1, integer=True)}
+ALGO_RULES = {
+    "dqn": {"dqn.eps_init": Rule(min=0, max=1), "dqn.eps_end": Rule(min=0, max=1),
+            "dqn.eps_anneal_frames": Rule(min=1, integer=True), "dqn.target_update": Rule(min=0, integer=True)},
+    "sac": {"sac.alpha_init": Rule(min=1e-9), "sac.alpha_lr": Rule(min=1e-12)},
+    "ddpg": {**{f"ddpg.{k}": r for k, r in _NOISE.items()},
+             "ddpg.noise": Rule(choices=("gaussian", "ou", "none"))},
+    "td3": {**{f"td3.{k}": r for k, r in _NOISE.items()}, "td3.policy_delay": Rule(min=1, integer=True),
+            "td3.target_noise": Rule(min=0), "td3.noise_clip": Rule(min=0)},
+}
+
+
+def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
+    """Compose and validate the config; with ``resume=PATH`` the checkpoint's config is the base. Returns
+    ``(cfg, checkpoint or None)``."""
+    overrides = parse_overrides(argv, ALIASES)
+    checkpoint = load_checkpoint(overrides["resume"]) if overrides.get("resume") not in (None, "", "null") else None
+    base = checkpoint["config"] if checkpoint is not None else None
+    if base is not None and overrides.get("algo", base["algo"]) != base["algo"]:
+        raise ConfigError(f"algo={overrides['algo']!r} differs from the resumed run's; allowed: {base['algo']}")
+    cfg = compose(CONFIG_DIR, overrides, groups=GROUPS, rules=RULES, base=base)
+    if cfg.algo not in ALGOS:
+        raise ConfigError(f"algo={cfg.algo!r} is not allowed; allowed: {', '.join(ALGOS)}")
+    for key, rule in ALGO_RULES[cfg.algo].items():
+        rule.validate(key, OmegaConf.select(cfg, key))
+    steps = cfg.optim.utd_ratio * cfg.collector.frames_per_batch
+    if abs(steps - round(steps)) > 1e-6 or round(steps) < 1:
+        raise ConfigError(f"optim.utd_ratio={cfg.optim.utd_ratio} gives {steps:g} optimiser steps per batch of "
+                          f"collector.frames_per_batch={cfg.collector.frames_per_batch}; allowed: a utd_ratio that "
+                          "makes it a positive integer")
+    if cfg.collector.frames_per_batch % cfg.env.num_envs:
+        raise ConfigError(f"collector.frames_per_batch={cfg.collector.frames_per_batch} is not allowed; allowed: a "
+                          f"multiple of env.num_envs={cfg.env.num_envs}")
+    if not cfg.optim.batch_size <= max(cfg.collector.prefill_frames, cfg.collector.frames_per_batch):
+        raise ConfigError(f"optim.batch_size={cfg.optim.batch_size} is not allowed; allowed: <= "
+                          "max(collector.prefill_frames, collector.frames_per_batch), so the first sample can be drawn")
+    if cfg.collector.prefill_frames > cfg.replay.size:
+        raise ConfigError(f"collector.prefill_frames={cfg.collector.prefill_frames} is not allowed; allowed: <= "
+                          f"replay.size={cfg.replay.size}")
+    return cfg, checkpoint
+
+
+def _check_action_space(cfg: DictConfig, env) -> None:
+    from torchrl.data import Bounded, OneHot
+
+    spec = env.action_spec_unbatched
+    if cfg.algo == "dqn" and not isinstance(spec, OneHot):
+        raise ConfigError(f"env.name={cfg.env.name!r} has continuous actions; allowed for dqn: a discrete-action "
+                          "env (CartPole-v1, an ALE game such as Pong)")
+    if cfg.algo != "dqn" and not isinstance(spec, Bounded):
+        raise ConfigError(f"env.name={cfg.env.name!r} has no bounded continuous actions; allowed for {cfg.algo}: "
+                          "HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5 or another Box-action env")
+
+
+class PrefillGate:
+    """No optimiser step until replay holds ``prefill_frames`` transitions of the collection policy. torchrl's
+    Trainer only offers ``init_random_frames`` (random actions), which the design rules out."""
+
+    def __init__(self, trainer, prefill_frames: int, steps_per_batch: int):
+        self.trainer = trainer
+        self.prefill_frames = prefill_frames
+        self.steps_per_batch = steps_per_batch
+
+    def __call__(self, batch):
+        ready = len(self.trainer.replay_buffer) + batch.numel() >= self.prefill_frames  # written before optimising
+        self.trainer.optim_steps_per_batch = self.steps_per_batch if ready else 0
+        return batch
+
+
+class AnnealExploration:
+    """Steps the exploration module by the frames collected since the last call (torchrl's TD3Trainer and our
+    DDPG trainer never anneal it; DQNTrainer anneals its epsilon-greedy module itself)."""
+
+    def __init__(self, trainer, module):
+        self.trainer = trainer
+        self.module = module
+        self.last = trainer.collected_frames
+
+    def __call__(self) -> None:
+        delta = self.trainer.collected_frames - self.last
+        self.last = self.trainer.collected_frames
+        if delta > 0:
+            self.module.step(delta)
+
+
+class PeriodicEval:
+    """Submits the deterministic policy's weights to the evaluator every ``interval`` frames."""
+
+    def __init__(self, trainer, evaluator: AsyncEvaluator, policy, interval: int):
+        self.trainer, self.evaluator, self.policy, self.interval = trainer, evaluator, policy, interval
+        self.next = (trainer.collected_frames // interval + 1) * interval
+
+    def __call__(self) -> None:
+        if self.trainer.collected_frames >= self.next:
+            self.evaluator.submit(self.trainer.collected_frames, self.policy)
+            self.next = (self.trainer.collected_frames // self.interval + 1) * self.interval
+
+
+class Checkpointer:
+    """Atomic checkpoints (``checkpoints/last.pt``) of everything a resume needs."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, trainer, parts: AlgoParts, metrics: Metrics,
+                 invariants: Invariants):
+        self.cfg, self.trainer, self.parts, self.metrics, self.invariants = cfg, trainer, parts, metrics, invariants
+        self.path = run_dir / "checkpoints" / "last.pt"
+        self.interval_s = cfg.checkpoint.interval_s
+        self._last = time.monotonic()
+
+    def maybe_save(self) -> None:
+        if self.interval_s and time.monotonic() - self._last >= self.interval_s:
+            self.save()
+
+    def save(self) -> Path:
+        trainer, parts = self.trainer, self.parts
+        state = {
+            "config": OmegaConf.to_container(self.cfg, resolve=True),
+            "counters": {"collected_frames": trainer.collected_frames, "optim_steps": trainer._optim_count,
+                         "batches": self.invariants.batches, "episodes": self.metrics.episodes,
+                         "elapsed_s": self.metrics.elapsed_s},
+            "loss": parts.loss.state_dict(),
+            "optimizers": {name: opt.state_dict() for name, opt in parts.optimizers.items()},
+            "stepper": trainer.optimization_stepper.state_dict() if trainer.optimization_stepper else None,
+            "exploration": parts.exploration.state_dict() if parts.exploration is not None else None,
+            "replay": trainer.replay_buffer.state_dict() if self.cfg.replay.in_checkpoint else None,
+            "rng": torch.get_rng_state(),
+        }
+        save_checkpoint(self.path, state)
+        self._last = time.monotonic()
+        return self.path
+
+
+def _restore(checkpoint: dict, trainer, parts: AlgoParts) -> None:
+    """Load a checkpoint's weights, optimisers, exploration state, counters and (if saved) replay."""
+    parts.loss.load_state_dict(checkpoint["loss"])
+    for name, opt in parts.optimizers.items():
+        opt.load_state_dict(checkpoint["optimizers"][name])
+    if checkpoint["stepper"] is not None:
+        trainer.optimization_stepper.load_state_dict(checkpoint["stepper"])
+    if parts.exploration is not None:
+        parts.exploration.load_state_dict(checkpoint["exploration"])
+    if checkpoint["replay"] is not None:
+        trainer.replay_buffer.load_state_dict(checkpoint["replay"])
+    counters = checkpoint["counters"]
+    trainer.collected_frames = counters["collected_frames"]
+    trainer._optim_count = counters["optim_steps"]
+    trainer.collector.policy_version_tracker.version = counters["batches"]
+    if hasattr(trainer, "_greedy_last_frames"):  # DQNTrainer anneals epsilon by frames since this mark
+        trainer._greedy_last_frames = counters["collected_frames"]
+    torch.set_rng_state(checkpoint["rng"])
+
+
+def _env_tag(name: str) -> str:
+    return name.replace("/", "_")
+
+
+def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
+    """Run one training job described by ``cfg``; returns the summary (also written to ``summary.json``)."""
+    run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{_env_tag(cfg.env.name)}")
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    env = engine.make_train_env(cfg)
+    _check_action_space(cfg, env)
+    parts = build_parts(cfg, env)
+    collector = engine.make_collector(cfg, env, parts.collect_policy)
+    replay = engine.make_replay_buffer(cfg)
+    trainer = engine.make_trainer(cfg, parts, collector, replay)
+    if checkpoint is not None:
+        _restore(checkpoint, trainer, parts)
+    counters = checkpoint["counters"] if checkpoint is not None else {}
+    steps = engine.optim_steps_per_batch(cfg)
+    print(f"offpolicy {cfg.algo} on {cfg.env.name}: UTD {cfg.optim.utd_ratio:g} optimiser steps per collected "
+          f"transition = {steps} steps per {cfg.collector.frames_per_batch}-frame batch, batch size "
+          f"{cfg.optim.batch_size} ({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); "
+          f"prefill {cfg.collector.prefill_frames} frames; run dir {run_dir}"
+          + (f"; resumed at {counters['collected_frames']} frames" if counters else ""), flush=True)
+
+    logger = SharedLogger(make_logger(cfg.logger.backend, run_dir, config=OmegaConf.to_container(cfg)))
+    trainer.register_op("batch_process", PrefillGate(trainer, cfg.collector.prefill_frames, steps))
+    invariants = Invariants(trainer, batch_size=cfg.optim.batch_size, steps_per_batch=steps,
+                            prefill_frames=cfg.collector.prefill_frames, check_every=cfg.invariants.check_every,
+                            version_offset=counters.get("batches", 0))
+    invariants.register(trainer)
+    metrics = Metrics(trainer, logger, interval_s=cfg.logger.interval_s, action_spec=env.action_spec_unbatched,
+                      discrete=parts.discrete, exploration_value=parts.exploration_value,
+                      start_episodes=counters.get("episodes", 0), start_elapsed_s=counters.get("elapsed_s", 0.0))
+    metrics.register(trainer)
+    if parts.exploration is not None and not parts.discrete:
+        trainer.register_op("post_steps", AnnealExploration(trainer, parts.exploration))
+    video_dir = run_dir / "videos" if cfg.eval.video else None
+    evaluator = AsyncEvaluator(lambda render: engine.make_eval_env(cfg, render=render), parts.eval_policy, logger,
+                               episodes=cfg.eval.episodes, max_steps=cfg.eval.max_episode_steps, video_dir=video_dir)
+    if cfg.eval.interval_frames:
+        trainer.register_op("post_steps", PeriodicEval(trainer, evaluator, parts.eval_policy,
+                                                       cfg.eval.interval_frames))
+    checkpointer = Checkpointer(cfg, run_dir, trainer, parts, metrics, invariants)
+    trainer.register_op("post_steps", checkpointer.maybe_save)
+
+    status, error = "completed", None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(signum, frame):
+        nonlocal status
+        status = "interrupted"
+        trainer.request_stop(signal.Signals(signum).name)
+        print(f"\n{signal.Signals(signum).name}: stopping after this batch (again to stop now)", file=sys.stderr)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    for sig in previous:
+        signal.signal(sig, stop)
+    try:
+        trainer.train()
+    except InvariantError as exc:
+        status, error = "invariant_broken", str(exc)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        collector.shutdown()
+        path = checkpointer.save()
+
+    frames = trainer.collected_frames
+    try:
+        if status == "completed" and cfg.eval.final_episodes:
+            evaluator.submit(frames, parts.eval_policy, episodes=cfg.eval.final_episodes)
+        evaluator.wait()
+    finally:
+        evaluator.close()
+        logger.close()
+    evals = [stats["return"] for _, stats in evaluator.results]
+    summary = {
+        "algo": cfg.algo, "env": cfg.env.name, "status": status, "error": error,
+        "frames": frames, "optim_steps": trainer._optim_count, "batches": invariants.batches,
+        "policy_version": collector.policy_version, "replay_writes": replay.write_count,
+        "episodes": metrics.episodes, "utd_ratio": cfg.optim.utd_ratio,
+        "train_return_last": metrics.last_return,
+        "eval_return_last": evals[-1] if evals else None, "eval_return_best": max(evals) if evals else None,
+        "elapsed_s": round(metrics.elapsed_s, 2), "checkpoint": str(path), "run_dir": str(run_dir),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_curves(run_dir, {"train": "train/return", "eval": "eval/return"},
+                title=f"{cfg.algo.upper()} on {cfg.env.name}", xlabel="collected frames")
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    """CLI: compose the config, train, print where the results are; exit 3 on a broken invariant, 130 on Ctrl-C."""
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print(help_text(CONFIG_DIR, USAGE, ALIASES, GROUPS))
+        return 0
+    cfg, checkpoint = compose_config(argv)
+    summary = train(cfg, checkpoint)
+    print(json.dumps(summary))
+    if summary["status"] == "invariant_broken":
+        print(f"error: invariant broken: {summary['error']}; checkpoint saved to {summary['checkpoint']}",
+              file=sys.stderr)
+        return EXIT_INVARIANT
+    if summary["status"] == "interrupted":
+        print(f"interrupted; checkpoint saved to {summary['checkpoint']}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
