@@ -1,0 +1,70 @@
+"""GAE and loss on a worker's rollout, and the optional shuffled minibatches."""
+import copy
+
+import torch
+from tensordict import TensorDict
+from torchrl.data import ReplayBuffer
+from torchrl.data.replay_buffers.samplers import SamplerWithoutReplacement
+
+from a3c.learner import A3CLearner
+from shared.models import AtariActorCritic
+
+ENVS, STEPS = 3, 4
+
+
+def fake_rollout(seed: int, envs: int = ENVS, steps: int = STEPS, channels: int = 2, size: int = 36) -> TensorDict:
+    """A rollout with the layout Rollout.collect produces, from random data."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(envs, steps + 1, 1, generator=g)
+    dones = torch.rand(envs, steps, 1, generator=g) < 0.2
+    return TensorDict({
+        "observation": torch.randint(0, 255, (envs, steps, channels, size, size), dtype=torch.uint8, generator=g),
+        "action": torch.randint(0, 4, (envs, steps), generator=g),
+        "state_value": values[:, :steps],
+        "next": {"reward": torch.randn(envs, steps, 1, generator=g), "done": dones, "terminated": dones,
+                 "state_value": values[:, 1:]},
+    }, batch_size=[envs, steps])
+
+
+def _learner(minibatches=1, lr=0.0, gae_lambda=1.0):
+    model = AtariActorCritic(num_actions=4, in_channels=2, image_size=36, arch="small")
+    local = copy.deepcopy(model)
+    return A3CLearner(local, model, torch.optim.SGD(model.parameters(), lr=lr), gamma=0.9, gae_lambda=gae_lambda,
+                      entropy_coeff=0.01, critic_coeff=0.5, loss_critic_type="l2", max_grad_norm=1e9,
+                      rollout_size=ENVS * STEPS, minibatches=minibatches)
+
+
+def test_gae_lambda_one_gives_n_step_returns():
+    rollout = fake_rollout(0)
+    _learner().update(rollout)
+    r, d = rollout["next", "reward"][..., 0], rollout["next", "done"][..., 0].float()
+    v, v_next = rollout["state_value"][..., 0], rollout["next", "state_value"][..., 0]
+    expected = torch.zeros(ENVS, STEPS)
+    ret = v_next[:, -1]  # bootstrap from the value after the last step
+    for t in reversed(range(STEPS)):
+        ret = r[:, t] + 0.9 * (1 - d[:, t]) * ret
+        expected[:, t] = ret
+    torch.testing.assert_close(rollout["value_target"][..., 0], expected)
+    torch.testing.assert_close(rollout["advantage"][..., 0], expected - v)
+
+
+def test_minibatches_are_shuffled_by_a_torchrl_buffer_and_cover_the_rollout():
+    learner = _learner(minibatches=3, lr=1e-3)
+    assert isinstance(learner.shuffler, ReplayBuffer)
+    assert isinstance(learner.shuffler.sampler, SamplerWithoutReplacement)
+    seen = []
+    step = learner._step
+    learner._step = lambda batch: (seen.append(batch["state_value"].reshape(-1).clone()), step(batch))[1]
+    rollout = fake_rollout(1)
+    learner.update(rollout)
+    assert len(seen) == 3 and all(len(b) == ENVS * STEPS // 3 for b in seen)
+    in_rollout_order = rollout["state_value"].reshape(-1)
+    sampled = torch.cat(seen)
+    assert sorted(sampled.tolist()) == sorted(in_rollout_order.tolist())  # every transition exactly once
+    assert not torch.equal(sampled, in_rollout_order)  # shuffled, not split in order
+
+
+def test_update_reports_finite_losses():
+    metrics = _learner(lr=1e-3).update(fake_rollout(2))
+    assert set(metrics) >= {"loss/objective", "loss/critic", "loss/entropy", "a3c/grad_norm"}
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())

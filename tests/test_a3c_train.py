@@ -1,0 +1,129 @@
+"""A3C end to end, as subprocesses: the CI smoke run, resume, a killed worker, Ctrl-C, and the evaluate CLI."""
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from proc import alive, run_module, start_module
+from shared.logging import read_scalars
+
+SMOKE = ("env=Pong", "workers=2", "profile=smoke")
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _wait_for_updates(run_dir: Path, proc, count: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while len(read_scalars(run_dir, "a3c/updates")[0]) < count:
+        assert proc.poll() is None, "run ended before the test could act on it"
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("a3c") / "smoke"
+    result = run_module("a3c.train", *SMOKE, f"run_dir={run_dir}")
+    return run_dir, result
+
+
+def test_smoke_run_trains_logs_from_worker_0_and_checkpoints(smoke_run):
+    run_dir, result = smoke_run
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = _summary(run_dir)
+    assert summary["status"] == "completed" and summary["frames"] >= 1280 and summary["updates"] >= 8
+    assert summary["final_eval"] is not None and summary["final_eval"]["episodes"] == 1
+    # the logger lives in worker 0's process only, and it wrote the metrics
+    owners = json.loads((run_dir / "logs" / "owner.json").read_text())
+    pids = json.loads((run_dir / "pids.json").read_text())
+    assert owners == [{"pid": pids["worker_0"], "rank": 0}]
+    steps, updates = read_scalars(run_dir, "a3c/updates")
+    assert updates and updates[-1] == summary["updates"] and steps[-1] == summary["frames"]
+    assert read_scalars(run_dir, "loss/critic")[1] and read_scalars(run_dir, "train/agent_steps_per_s")[1]
+    assert read_scalars(run_dir, "eval/final_return")[1] == [summary["final_eval"]["return"]]
+    assert (run_dir / "config.yaml").read_text().count("name: Pong") == 1
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["counters"] == {k: summary[k] for k in ("frames", "updates", "episodes")}
+    assert ckpt["config"]["workers"] == 2 and ckpt["num_actions"] == 6
+    steps_taken = {float(s["step"]) for s in ckpt["optimizer"]["state"].values()}
+    assert steps_taken == {float(summary["updates"])}
+    assert not alive(pids.values())
+
+
+def test_resume_continues_counters_and_optimizer_state(smoke_run, tmp_path):
+    run_dir, _ = smoke_run
+    first = _summary(run_dir)
+    resumed = tmp_path / "resumed"
+    result = run_module("a3c.train", f"resume={run_dir / 'checkpoints' / 'last.pt'}", "total_frames=2560",
+                        f"run_dir={resumed}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    second = _summary(resumed)
+    assert second["frames"] >= 2560 and second["updates"] > first["updates"]
+    assert second["frames"] - first["frames"] < 2560  # continued, not restarted from zero
+    ckpt = torch.load(resumed / "checkpoints" / "last.pt", weights_only=True)
+    assert {float(s["step"]) for s in ckpt["optimizer"]["state"].values()} == {float(second["updates"])}
+    assert ckpt["config"]["env"]["name"] == "Pong" and ckpt["config"]["profile"] == "smoke"
+
+
+def test_killed_worker_is_reported_and_restarted_and_the_run_finishes(tmp_path):
+    run_dir = tmp_path / "kill"
+    proc = start_module("a3c.train", *SMOKE, "total_frames=24000", "eval.interval_frames=0",
+                        "eval.final_episodes=0", f"run_dir={run_dir}", log=tmp_path / "log")
+    _wait_for_updates(run_dir, proc, 3)
+    victim = json.loads((run_dir / "pids.json").read_text())["worker_1"]
+    os.kill(victim, signal.SIGKILL)
+    assert proc.wait(timeout=240) == 0, (tmp_path / "log").read_text()[-2000:]
+    summary = _summary(run_dir)
+    assert summary["frames"] >= 24000 and summary["worker_restarts"] == 1
+    assert summary["worker_deaths"][0]["rank"] == 1 and summary["worker_deaths"][0]["exitcode"] == -signal.SIGKILL
+    assert summary["pids"]["worker_1"] != victim
+    assert "worker 1 (pid" in (tmp_path / "log").read_text()
+
+
+def test_worker_deaths_beyond_the_budget_fail_the_run_with_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "budget"
+    proc = start_module("a3c.train", *SMOKE, "total_frames=10000000", "eval.interval_frames=0",
+                        "supervision.max_restarts=0", f"run_dir={run_dir}", log=tmp_path / "log")
+    _wait_for_updates(run_dir, proc, 2)
+    os.kill(json.loads((run_dir / "pids.json").read_text())["worker_1"], signal.SIGKILL)
+    assert proc.wait(timeout=60) == 1
+    summary = _summary(run_dir)
+    assert summary["status"] == "failed" and "supervision.max_restarts=0" in summary["error"]
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["counters"]["frames"] > 0
+
+
+def test_ctrl_c_stops_everything_within_10s_and_saves(tmp_path):
+    run_dir = tmp_path / "sigint"
+    proc = start_module("a3c.train", *SMOKE, "total_frames=10000000", "eval.interval_frames=400",
+                        f"run_dir={run_dir}", log=tmp_path / "log")
+    _wait_for_updates(run_dir, proc, 3)
+    pids = json.loads((run_dir / "pids.json").read_text())
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    children = [pid for name, pid in pids.items() if name != "main"]
+    deadline = time.monotonic() + 10
+    while alive(children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(children), "workers still running 10 s after Ctrl-C"
+    assert proc.wait(timeout=30) == 130  # then the final checkpoint, curves and summary
+    summary = _summary(run_dir)
+    assert summary["status"] == "interrupted"
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["counters"]["frames"] == summary["frames"] > 0
+
+
+def test_evaluate_cli_reports_mean_and_std_and_writes_a_video(smoke_run, tmp_path):
+    run_dir, _ = smoke_run
+    result = run_module("a3c.evaluate", f"checkpoint={run_dir / 'checkpoints' / 'last.pt'}", "episodes=2",
+                        "video=true", "max_episode_frames=1200", f"out_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "return: " in result.stdout and "over 2 greedy episodes" in result.stdout
+    report = json.loads((tmp_path / "evaluation.json").read_text())
+    assert len(report["scores"]) == 2 and report["return"] == pytest.approx(sum(report["scores"]) / 2)
+    video = Path(report["video"])
+    assert video.exists() and video.stat().st_size > 1000 and video.read_bytes()[4:8] == b"ftyp"

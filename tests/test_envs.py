@@ -1,0 +1,62 @@
+"""The shared Atari env: names, the configurable stack, and training signals vs. real scores."""
+import numpy as np
+import pytest
+
+from shared.config import ConfigError
+from shared.envs import AtariBatch, AtariSettings, atari_rom, check_atari_name
+
+
+@pytest.mark.parametrize("name, rom", [("Pong", "pong"), ("ALE/Pong-v5", "pong"), ("PongNoFrameskip-v4", "pong"),
+                                       ("SpaceInvaders", "space_invaders"), ("space_invaders", "space_invaders"),
+                                       ("ALE/MontezumaRevenge-v5", "montezuma_revenge"), ("NoSuchGame", None)])
+def test_game_names_resolve_to_roms(name, rom):
+    assert atari_rom(name) == rom
+
+
+def test_unknown_game_is_a_config_error_listing_the_games():
+    with pytest.raises(ConfigError, match="Breakout.*Pong"):
+        check_atari_name("Pongg")
+
+
+def test_standard_stack_shapes_and_dtype():
+    env = AtariBatch(AtariSettings(name="Pong"), num_envs=3, seed=0)
+    obs = env.reset()
+    assert obs.shape == (3, 4, 84, 84) and obs.dtype == np.uint8 and env.num_actions == 6
+    obs, reward, done, finished = env.step(np.zeros(3, dtype=np.int64))
+    assert obs.shape == (3, 4, 84, 84) and reward.dtype == np.float32 and done.dtype == bool
+    env.close()
+
+
+def test_stack_is_configurable():
+    settings = AtariSettings(name="Pong", frame_stack=2, image_size=64, grayscale=False)
+    env = AtariBatch(settings, num_envs=2, seed=0)
+    assert env.reset().shape == (2, settings.channels, 64, 64) == (2, 6, 64, 64)
+    env.close()
+
+
+def _play(settings, steps, seed=0):
+    env = AtariBatch(settings, num_envs=2, seed=seed)
+    env.reset()
+    rng = np.random.default_rng(seed)
+    rewards, dones, finished = [], [], []
+    for _ in range(steps):
+        _, reward, done, ended = env.step(rng.integers(0, env.num_actions, 2))
+        rewards.append(reward)
+        dones.append(done)
+        finished += ended
+    env.close()
+    return np.array(rewards), np.array(dones), finished
+
+
+def test_rewards_are_clipped_for_training_but_scores_stay_raw():
+    # SpaceInvaders pays 5-30 points per alien: clipped training rewards are signs, the scores are raw sums
+    rewards, _, finished = _play(AtariSettings(name="SpaceInvaders"), 700)
+    assert set(np.unique(rewards)) <= {0.0, 1.0} and rewards.sum() > 0
+    assert finished and all(score > 30 and float(score).is_integer() for _, score, _ in finished)
+
+
+def test_episodic_life_ends_training_episodes_only():
+    # Breakout has 5 lives: a lost life is a training `done`, but the game (the reported episode) goes on
+    _, dones, finished = _play(AtariSettings(name="Breakout"), 300)
+    _, dones_off, _ = _play(AtariSettings(name="Breakout", episodic_life=False), 300)
+    assert dones.sum() > len(finished) and dones_off.sum() < dones.sum()
