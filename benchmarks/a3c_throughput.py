@@ -1,0 +1,195 @@
+"""A3C throughput on this machine, as JSON lines (figures, not a test).
+
+    python benchmarks/a3c_throughput.py [seconds=30] [workers=2] [any a3c key=value ...]
+
+(a) env_only       agent steps/s of W processes stepping the same Atari config with random actions
+(b) model_cost     ms of model time per agent step: batched forward while acting + forward/backward in the update
+(c) roofline       the A3C rate (a) and (b) allow: W / (W / a + b), one core per worker
+(d) a3c            the real `python -m a3c.train` rate, steady state (start-up excluded)
+(e) torchrl_loop   the same learner fed by torchrl's Collector over GymEnv + the torchrl transform stack, same model
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results" / "a3c_throughput.jsonl"
+
+
+def emit(metric: str, value: float, unit: str, **extra) -> None:
+    line = json.dumps({"bench": "a3c_throughput", "metric": metric, "value": round(value, 4), "unit": unit, **extra})
+    print(line, flush=True)
+    with RESULTS.open("a") as f:
+        f.write(line + "\n")
+
+
+def _env_only(cfg_dict: dict, seconds: float, rank: int) -> float:
+    from omegaconf import OmegaConf
+
+    from shared.envs import AtariBatch, AtariSettings
+
+    torch.set_num_threads(1)
+    cfg = OmegaConf.create(cfg_dict)
+    env = AtariBatch(AtariSettings.from_config(cfg.env), cfg.env.envs_per_worker, seed=rank)
+    env.reset()
+    rng = np.random.default_rng(rank)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        env.step(rng.integers(0, env.num_actions, env.num_envs))
+        steps += env.num_envs
+    return steps / (time.perf_counter() - start)
+
+
+def model_cost_ms(cfg) -> dict[str, float]:
+    """Single-thread model time per agent step, for the rollout batch (E) and the update batch (E x t_max)."""
+    from a3c.evaluate import build_model
+
+    torch.set_num_threads(1)
+    envs, t_max = cfg.env.envs_per_worker, cfg.a3c.t_max
+    model = build_model(cfg, num_actions=6)
+    channels = model.trunk.net[0].in_channels
+    act_obs = torch.randint(0, 255, (envs, channels, cfg.env.image_size, cfg.env.image_size), dtype=torch.uint8)
+    upd_obs = act_obs.repeat(t_max, 1, 1, 1)
+    with torch.no_grad():
+        for _ in range(10):
+            model(act_obs)
+        start = time.perf_counter()
+        for _ in range(200):
+            logits, _ = model(act_obs)
+            torch.multinomial(logits.softmax(-1), 1)
+        forward = (time.perf_counter() - start) / (200 * envs)
+    for _ in range(3):
+        logits, value = model(upd_obs)
+        (logits.sum() + value.sum()).backward()
+    start = time.perf_counter()
+    for _ in range(20):
+        logits, value = model(upd_obs)
+        (logits.sum() + value.sum()).backward()
+    train = (time.perf_counter() - start) / (20 * len(upd_obs))
+    return {"forward": forward * 1e3, "forward_backward": train * 1e3, "total": (forward + train) * 1e3}
+
+
+def real_a3c(argv: list[str], cfg, seconds: float) -> float:
+    """Steady-state agent steps/s of the real trainer, from worker 0's logged counters (start-up excluded)."""
+    from shared.logging import read_scalars
+
+    with tempfile.TemporaryDirectory() as tmp:
+        frames = int(seconds * 20_000)  # more than it can do: stopped by SIGINT below
+        proc = subprocess.Popen([sys.executable, "-m", "a3c.train", *argv, f"total_frames={frames}",
+                                 "eval.interval_frames=0", "eval.final_episodes=0", "logger.interval_s=2",
+                                 f"run_dir={tmp}/run"], cwd=REPO, stdout=subprocess.DEVNULL)
+        while not read_scalars(f"{tmp}/run", "time/elapsed_s")[0]:
+            time.sleep(0.5)
+        time.sleep(seconds)
+        proc.send_signal(2)
+        proc.wait()
+        steps, elapsed = read_scalars(f"{tmp}/run", "time/elapsed_s")
+        return (steps[-1] - steps[0]) / (elapsed[-1] - elapsed[0]) / cfg.env.frame_skip
+
+
+def _torchrl_loop(cfg_dict: dict, seconds: float, rank: int) -> float:
+    """The A3C update loop fed by torchrl's Collector: one GymEnv + transform stack per worker, same learner."""
+    import torch.nn.functional as F
+    from omegaconf import OmegaConf
+    from tensordict.nn import TensorDictModule
+    from torchrl.collectors import Collector
+    from torchrl.envs import (CatFrames, Compose, GrayScale, GymEnv, NoopResetEnv, RewardSum, SignTransform,
+                              StepCounter, ToTensorImage, TransformedEnv, UnaryTransform)
+
+    from a3c.evaluate import build_model
+    from a3c.learner import A3CLearner
+    from a3c.optim import make_shared_optimizer
+
+    torch.set_num_threads(1)
+    cfg = OmegaConf.create(cfg_dict)
+    size = cfg.env.image_size
+
+    def resize(x):  # torchrl's Resize needs torchvision, which cannot be installed beside this torch
+        return F.interpolate(x.reshape(-1, *x.shape[-3:]), size=(size, size), mode="area").reshape(
+            *x.shape[:-2], size, size)
+
+    env = TransformedEnv(
+        GymEnv("ALE/Pong-v5", frame_skip=cfg.env.frame_skip, repeat_action_probability=cfg.env.sticky_actions,
+               categorical_action_encoding=True),
+        Compose(NoopResetEnv(cfg.env.noop_max, random=True), RewardSum(), StepCounter(),
+                SignTransform(in_keys=["reward"]), ToTensorImage(), GrayScale(),
+                UnaryTransform(in_keys=["pixels"], out_keys=["pixels"], fn=resize),
+                CatFrames(N=cfg.env.frame_stack, dim=-3)))
+    global_model = build_model(cfg, env.action_spec.space.n)
+    local = build_model(cfg, env.action_spec.space.n)
+    optimizer = make_shared_optimizer(global_model.parameters(), cfg.optim.name, cfg.optim.lr, cfg.optim.eps,
+                                      cfg.optim.rmsprop_alpha, cfg.optim.weight_decay)
+    learner = A3CLearner(local, global_model, optimizer, gamma=cfg.a3c.gamma, gae_lambda=cfg.a3c.gae_lambda,
+                         entropy_coeff=cfg.a3c.entropy_coeff, critic_coeff=cfg.a3c.critic_coeff,
+                         loss_critic_type=cfg.a3c.loss_critic_type, max_grad_norm=cfg.a3c.max_grad_norm,
+                         rollout_size=cfg.env.envs_per_worker * cfg.a3c.t_max)
+
+    def act(pixels):
+        logits, value = local((pixels * 255).to(torch.uint8))
+        return torch.multinomial(logits.softmax(-1), 1).squeeze(-1), value
+
+    policy = TensorDictModule(act, in_keys=["pixels"], out_keys=["action", "state_value"])
+    batch = cfg.env.envs_per_worker * cfg.a3c.t_max
+    collector = Collector(env, policy, frames_per_batch=batch, total_frames=-1, auto_register_policy_transforms=False)
+    steps, start = 0, None
+    for data in collector:
+        if start is None:  # first batch: start-up excluded, like (d)
+            start = time.perf_counter()
+            continue
+        with torch.no_grad():
+            data["next", "state_value"] = local((data["next", "pixels"] * 255).to(torch.uint8))[1]
+        data["observation"] = (data["pixels"] * 255).to(torch.uint8)
+        learner.update(data.unsqueeze(0))
+        learner.sync()
+        steps += batch
+        if time.perf_counter() - start >= seconds:
+            break
+    collector.shutdown()
+    return steps / (time.perf_counter() - start)
+
+
+def _parallel(fn, cfg_dict: dict, seconds: float, workers: int) -> float:
+    with mp.get_context("spawn").Pool(workers) as pool:
+        return sum(pool.starmap(fn, [(cfg_dict, seconds, rank) for rank in range(workers)]))
+
+
+def main() -> None:
+    from omegaconf import OmegaConf
+
+    from a3c.config import load_config
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    args = [a for a in sys.argv[1:] if not a.startswith("seconds=")]
+    seconds = float(next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("seconds=")), 30))
+    cfg = load_config(args)
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    workers = cfg.workers
+    setting = {"workers": workers, "envs_per_worker": cfg.env.envs_per_worker, "t_max": cfg.a3c.t_max,
+               "arch": cfg.model.arch, "cpus": os.cpu_count()}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+
+    env_rate = _parallel(_env_only, cfg_dict, seconds, workers)
+    emit("env_only", env_rate, "agent_steps/s", **setting)
+    cost = model_cost_ms(cfg)
+    emit("model_cost", cost["total"], "ms/agent_step", forward_ms=round(cost["forward"], 4),
+         forward_backward_ms=round(cost["forward_backward"], 4), **setting)
+    roofline = workers / (workers / env_rate + cost["total"] / 1e3)
+    emit("roofline", roofline, "agent_steps/s", **setting)
+    a3c = real_a3c(args, cfg, seconds)
+    emit("a3c", a3c, "agent_steps/s", fraction_of_roofline=round(a3c / roofline, 3), **setting)
+    torchrl_rate = _parallel(_torchrl_loop, cfg_dict, seconds, workers)
+    emit("torchrl_loop", torchrl_rate, "agent_steps/s", a3c_speedup=round(a3c / torchrl_rate, 2), **setting)
+
+
+if __name__ == "__main__":
+    main()
