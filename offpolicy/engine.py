@@ -8,7 +8,10 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from offpolicy.algorithms import AlgoParts
+from offpolicy.fixes import fast_from_any
 from shared.envs import AtariSettings, atari_rom, make_env
+
+fast_from_any()
 
 
 def is_atari(cfg: DictConfig) -> bool:

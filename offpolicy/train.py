@@ -24,6 +24,7 @@ from offpolicy.metrics import Metrics, SharedLogger
 from shared.checkpoint import load_checkpoint, save_checkpoint
 from shared.config import (CONFIG_ROOT, ConfigError, Group, Rule, compose, help_text, make_run_dir,
                            parse_overrides, run_cli)
+from shared.envs import check_gym_name
 from shared.logging import BACKENDS, make_logger
 from shared.plots import plot_curves
 
@@ -96,6 +97,12 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
         raise ConfigError(f"algo={cfg.algo!r} is not allowed; allowed: {', '.join(ALGOS)}")
     for key, rule in ALGO_RULES[cfg.algo].items():
         rule.validate(key, OmegaConf.select(cfg, key))
+    if engine.is_atari(cfg):
+        if cfg.algo != "dqn":
+            raise ConfigError(f"env.name={cfg.env.name!r} is an ALE game; allowed for {cfg.algo}: a continuous-action "
+                              "Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5)")
+    else:
+        check_gym_name(cfg.env.name)
     steps = cfg.optim.utd_ratio * cfg.collector.frames_per_batch
     if abs(steps - round(steps)) > 1e-6 or round(steps) < 1:
         raise ConfigError(f"optim.utd_ratio={cfg.optim.utd_ratio} gives {steps:g} optimiser steps per batch of "
@@ -228,11 +235,11 @@ def _env_tag(name: str) -> str:
 
 def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
     """Run one training job described by ``cfg``; returns the summary (also written to ``summary.json``)."""
-    run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{_env_tag(cfg.env.name)}")
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     env = engine.make_train_env(cfg)
     _check_action_space(cfg, env)
+    run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{_env_tag(cfg.env.name)}")
     parts = build_parts(cfg, env)
     collector = engine.make_collector(cfg, env, parts.collect_policy)
     replay = engine.make_replay_buffer(cfg)
@@ -282,7 +289,8 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
     for sig in previous:
         signal.signal(sig, stop)
     try:
-        trainer.train()
+        if trainer.collected_frames < cfg.total_frames:  # torchrl's loop always collects one batch first
+            trainer.train()
     except InvariantError as exc:
         status, error = "invariant_broken", str(exc)
     except KeyboardInterrupt:

@@ -1,0 +1,77 @@
+"""Throughput of the off-policy engine (a figure, not a test): env steps/s and optimiser updates/s in the learning
+phase (after prefill), at UTD 1, batch 256 and 256x256 MLPs; SAC, TD3 and DDPG on HalfCheetah-v5, DQN on CartPole-v1
+(plus DQN at CleanRL's own setting, 1 update per 10 steps with batch 128, to compare with its 4,315 steps/s).
+
+    nice -n 5 python benchmarks/offpolicy_throughput.py [algo ...] [frames=N]
+
+Each case is a fresh ``python -m offpolicy.train`` run with evaluation off and metrics logged every batch; the figures
+are total learning-phase frames (or updates) over the wall time of those batches (collection + learning). Prints JSON
+lines and appends them to benchmarks/results/offpolicy_throughput.jsonl.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from shared.logging import read_scalars  # noqa: E402
+
+COMMON = ["optim.utd_ratio=1", "optim.batch_size=256", "model.hidden=[256,256]", "collector.frames_per_batch=1000",
+          "collector.prefill_frames=1000", "eval.interval_frames=0", "eval.final_episodes=0", "logger.interval_s=0",
+          "logger.progress_bar=false", "checkpoint.interval_s=0"]
+CASES = {
+    "sac": ["algo=sac", "env=HalfCheetah-v5", *COMMON],
+    "td3": ["algo=td3", "env=HalfCheetah-v5", *COMMON],
+    "ddpg": ["algo=ddpg", "env=HalfCheetah-v5", *COMMON],
+    "dqn": ["algo=dqn", "env=CartPole-v1", *COMMON],
+    "dqn-cleanrl": ["algo=dqn", "env=CartPole-v1", *COMMON, "optim.utd_ratio=0.1", "optim.batch_size=128",
+                    "model.hidden=[120,84]"],
+}
+
+
+def measure(name: str, frames: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "offpolicy.train", *CASES[name], f"total_frames={frames}", f"run_dir={tmp}"]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name} failed: {proc.stderr[-2000:]}")
+        _, optim = read_scalars(tmp, "train/optim_steps")
+        _, sps = read_scalars(tmp, "time/sps")
+        _, ups = read_scalars(tmp, "time/updates_per_s")
+        _, fps = read_scalars(tmp, "collector/fps")
+    # one window per batch (logger.interval_s=0); keep the batches after the prefill one
+    learning = [i for i in range(len(optim)) if i > 0 and optim[i] > optim[i - 1]]
+    batch = 1000
+    wall = sum(batch / sps[i] for i in learning)
+    updates = optim[learning[-1]] - optim[learning[0] - 1]
+    return {"env_steps_per_s": len(learning) * batch / wall, "updates_per_s": updates / wall,
+            "learner_updates_per_s": sum(ups[i] for i in learning) / len(learning),
+            "collector_steps_per_s": sum(fps[i] for i in learning) / len(learning), "frames": frames}
+
+
+def main(argv: list[str]) -> None:
+    names = [a for a in argv if "=" not in a] or list(CASES)
+    frames = int(next((a.split("=", 1)[1] for a in argv if a.startswith("frames=")), 6000))
+    out = ROOT / "benchmarks" / "results" / "offpolicy_throughput.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    for name in names:
+        r = measure(name, frames)
+        for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"),
+                             ("learner_updates_per_s", "updates/s"), ("collector_steps_per_s", "steps/s")):
+            line = {"bench": f"offpolicy_throughput/{name}", "metric": metric, "value": round(r[metric], 1),
+                    "unit": unit}
+            print(json.dumps(line), flush=True)
+            with out.open("a") as f:
+                f.write(json.dumps({**line, "time": stamp, "frames": frames, "host": platform.node()}) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

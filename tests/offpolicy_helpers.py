@@ -1,0 +1,28 @@
+"""Helpers of the off-policy tests: run the entry point in-process or as a subprocess, read a run's files."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``python -m offpolicy.train args...`` from the repo root, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "offpolicy.train", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def train_inprocess(*args: str):
+    """Compose the config from ``args`` and train in this process; returns the summary dict."""
+    from offpolicy.train import compose_config, train
+
+    cfg, checkpoint = compose_config(list(args))
+    return train(cfg, checkpoint)
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())

@@ -1,0 +1,56 @@
+"""Bad input: one ``error:`` line naming the key and what is allowed, exit code 2, no traceback."""
+from __future__ import annotations
+
+import pytest
+from offpolicy_helpers import run_cli
+
+from offpolicy.train import compose_config, main
+from shared.config import ConfigError
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["algo=ppo"], "algo='ppo' does not exist; allowed: ddpg, dqn, sac, td3"),
+    (["optim.batch_size=0"], "optim.batch_size=0 is out of range"),
+    (["optim.btach_size=64"], "unknown key 'optim.btach_size'; did you mean optim.batch_size"),
+    (["optim.utd_ratio=0.3333", "collector.frames_per_batch=256"], "optim.utd_ratio=0.3333"),
+    (["env=NoSuchEnv-v0"], "env.name='NoSuchEnv-v0' is not a Gymnasium id or an ALE game"),
+    (["algo=sac", "env=Pong"], "env.name='Pong' is an ALE game; allowed for sac"),
+    (["algo=td3", "td3.noise=pink"], "td3.noise='pink' is not allowed; allowed: one of gaussian, ou"),
+    (["algo=dqn", "sac.alpha_init=0.1"], "unknown key 'sac.alpha_init'"),
+    (["model.hidden=[256,-1]"], "model.hidden=[256, -1] is not allowed"),
+    (["collector.prefill_frames=5000", "replay.size=1000"], "collector.prefill_frames=5000 is not allowed"),
+    (["profile=huge"], "profile='huge' does not exist; allowed: local, smoke"),
+    (["resume=/nonexistent/last.pt"], "checkpoint '/nonexistent/last.pt' does not exist"),
+    (["logger.backend=mlflow"], "logger.backend='mlflow' is not allowed"),
+    (["total_frames"], "is not of the form key=value"),
+])
+def test_bad_input_is_one_config_error(args, needle):
+    with pytest.raises(ConfigError) as info:
+        compose_config(args)
+    message = str(info.value)
+    assert needle in message and "\n" not in message
+
+
+def test_wrong_action_space_is_a_config_error(tmp_path):
+    cfg, _ = compose_config(["algo=sac", "env=CartPole-v1", f"run_dir={tmp_path / 'run'}"])
+    from offpolicy.train import train
+
+    with pytest.raises(ConfigError, match="env.name='CartPole-v1' has no bounded continuous actions"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()  # nothing is written for a bad config
+
+
+@pytest.mark.parametrize("args", [["algo=ppo"], ["algo=sac", "env=CartPole-v1"]])
+def test_cli_prints_one_line_and_exits_2(args):
+    proc = run_cli(*args, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_help_lists_groups_and_defaults(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "algo=: ddpg | dqn | sac | td3" in out and "profile=: local | smoke" in out
+    assert "utd_ratio" in out

@@ -1,0 +1,91 @@
+"""DDPG with an exploration module: the collector runs actor + noise (action std about sigma = 0.2 around the
+deterministic action), while the loss and the evaluator use the deterministic actor (std 0), and weight
+publication works with that collector policy."""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from offpolicy import engine
+from offpolicy.algorithms import ExploringDDPGTrainer, build_parts
+from offpolicy.train import compose_config
+
+
+def _build(*overrides):
+    cfg, _ = compose_config(["algo=ddpg", "env=HalfCheetah-v5", "profile=smoke", "collector.frames_per_batch=500",
+                             *overrides])
+    torch.manual_seed(0)
+    env = engine.make_train_env(cfg)
+    parts = build_parts(cfg, env)
+    collector = engine.make_collector(cfg, env, parts.collect_policy)
+    trainer = engine.make_trainer(cfg, parts, collector, engine.make_replay_buffer(cfg))
+    return cfg, parts, collector, trainer
+
+
+def _deterministic(policy, batch):
+    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+        return policy(batch.select("observation").clone())["action"]
+
+
+def test_collection_is_noisy_and_evaluation_deterministic():
+    cfg, parts, collector, trainer = _build()
+    assert isinstance(trainer, ExploringDDPGTrainer)
+    try:
+        batch = next(iter(collector))
+        noise = batch["action"] - _deterministic(parts.eval_policy, batch)
+        # HalfCheetah's actions span [-1, 1], so sigma 0.2 (half-range units) is a std of 0.2 per dimension
+        assert abs(float(noise.std()) - 0.2) < 0.03, float(noise.std())
+        assert abs(float(noise.mean())) < 0.03
+        # the evaluator's and the loss's actor are deterministic: the same observations give the same actions
+        first, second = _deterministic(parts.eval_policy, batch), _deterministic(parts.eval_policy, batch)
+        assert float((first - second).std()) == 0.0
+        assert parts.loss.actor_network is parts.eval_policy
+        # the collection policy is actor + noise; under deterministic exploration it equals the actor
+        assert torch.equal(_deterministic(parts.collect_policy, batch), first)
+    finally:
+        collector.shutdown()
+
+
+def test_published_weights_are_actor_plus_exploration():
+    cfg, parts, collector, trainer = _build()
+    try:
+        next(iter(collector))
+        with torch.no_grad():  # change the learner's actor, then publish as the trainer does after a batch
+            for p in parts.eval_policy.parameters():
+                p.add_(0.5)
+            parts.exploration.sigma.fill_(0.05)
+        trainer._post_steps_hook()  # the trainer's UpdateWeights (no KeyError on ('module', '0', ...))
+        assert collector.policy_version == 1
+        published = TensorDict.from_module(collector.policy)
+        learner = TensorDict.from_module(parts.collect_policy)
+        assert set(published.keys(True, True)) == set(learner.keys(True, True))
+        assert any(k[:2] == ("module", "1") for k in published.keys(True, True))  # the exploration module's state
+        assert (published == learner).all()
+        batch = next(iter(collector))
+        noise = batch["action"] - _deterministic(parts.eval_policy, batch)
+        assert float(noise.std()) < 0.08  # the collector now explores with the published sigma 0.05
+    finally:
+        collector.shutdown()
+
+
+def test_ornstein_uhlenbeck_option():
+    cfg, parts, collector, trainer = _build("ddpg.noise=ou")
+    try:
+        batch = next(iter(collector))
+        noise = batch["action"] - _deterministic(parts.eval_policy, batch)
+        assert float(noise.std()) > 0.02  # temporally correlated noise, still stochastic collection
+    finally:
+        collector.shutdown()
+
+
+def test_no_exploration_module():
+    cfg, parts, collector, trainer = _build("ddpg.noise=none")
+    try:
+        assert parts.exploration is None
+        batch = next(iter(collector))
+        assert torch.allclose(batch["action"], _deterministic(parts.eval_policy, batch))
+        trainer._post_steps_hook()
+        assert collector.policy_version == 1
+    finally:
+        collector.shutdown()

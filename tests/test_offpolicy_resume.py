@@ -1,0 +1,94 @@
+"""Checkpoint and resume: a run resumed from its checkpoint continues its counters, weights, optimisers and
+exploration state (and, optionally, its replay buffer) exactly where it stopped; Ctrl-C stops cleanly and saves."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from offpolicy_helpers import REPO, summary, train_inprocess
+
+from shared.checkpoint import load_checkpoint
+
+ARGS = ("algo=dqn", "profile=smoke", "eval.interval_frames=0", "eval.final_episodes=0", "dqn.eps_anneal_frames=1000")
+
+
+@pytest.mark.parametrize("with_replay", [False, True])
+def test_resume_continues_the_run(tmp_path, with_replay):
+    first = train_inprocess(*ARGS, "total_frames=200", f"replay.in_checkpoint={str(with_replay).lower()}",
+                            f"run_dir={tmp_path}")
+    assert first["frames"] == 200 and first["batches"] == 2 and first["optim_steps"] == 50
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert ckpt["counters"]["collected_frames"] == 200 and ckpt["counters"]["optim_steps"] == 50
+    assert (ckpt["replay"] is not None) == with_replay
+    eps_saved = float(ckpt["exploration"]["eps"])
+    assert eps_saved < 1.0  # annealed by the 200 collected frames
+
+    second = train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_frames=400")
+    assert second["run_dir"] == str(tmp_path) and second["status"] == "completed"
+    assert second["frames"] == 400 and second["batches"] == 4 and second["policy_version"] == 4
+    # without the saved replay the buffer must be prefilled again (one batch without optimiser steps)
+    assert second["optim_steps"] == (50 + 100 if with_replay else 50 + 50)
+    assert second["replay_writes"] == (400 if with_replay else 200)
+    after = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert float(after["exploration"]["eps"]) < eps_saved  # annealing continued from the saved epsilon
+    assert after["optimizers"]["q"]["state"]  # Adam moments were restored and kept
+
+
+def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
+    from offpolicy import engine
+    from offpolicy.algorithms import build_parts
+    from offpolicy.train import _restore, compose_config
+
+    train_inprocess(*ARGS, "total_frames=200", f"run_dir={tmp_path}")
+    path = tmp_path / "checkpoints" / "last.pt"
+    ckpt = load_checkpoint(path)
+    cfg, _ = compose_config([f"resume={path}"])
+    env = engine.make_train_env(cfg)
+    parts = build_parts(cfg, env)
+    collector = engine.make_collector(cfg, env, parts.collect_policy)
+    trainer = engine.make_trainer(cfg, parts, collector, engine.make_replay_buffer(cfg))
+    try:
+        _restore(ckpt, trainer, parts)
+        state = parts.loss.state_dict()
+        assert all(torch.equal(state[k], v) for k, v in ckpt["loss"].items())
+        assert parts.optimizers["q"].state_dict()["state"][0]["step"] == 50
+        assert trainer.collected_frames == 200 and trainer._optim_count == 50 and collector.policy_version == 2
+        assert float(parts.exploration.eps) == float(ckpt["exploration"]["eps"])
+    finally:
+        collector.shutdown()
+
+
+def test_resume_at_the_end_runs_nothing(tmp_path):
+    train_inprocess(*ARGS, "total_frames=200", f"run_dir={tmp_path}")
+    again = train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_frames=200")
+    assert again["frames"] == 200 and again["optim_steps"] == 50 and again["status"] == "completed"
+
+
+def test_ctrl_c_stops_cleanly_and_saves(tmp_path):
+    run_dir = tmp_path / "run"
+    log = tmp_path / "log.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "offpolicy.train", *ARGS, "total_frames=100000000",
+                             f"run_dir={run_dir}"], cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (run_dir / "logs" / "scalars" / "train" / "optim_steps.csv").exists():
+            time.sleep(0.5)
+        assert proc.poll() is None, log.read_text()[-2000:]
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130, log.read_text()[-2000:]
+    assert "Traceback" not in log.read_text()
+    s = summary(run_dir)
+    assert s["status"] == "interrupted" and 0 < s["frames"] < 100000000
+    ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert ckpt["counters"]["collected_frames"] == s["frames"]
+    assert ckpt["counters"]["optim_steps"] == s["optim_steps"]
