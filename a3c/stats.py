@@ -16,6 +16,7 @@ class SharedStats:
 
     def __init__(self, workers: int, episode_capacity: int = 1024, eval_capacity: int = 1024):
         self.counters = torch.zeros(workers, 3, dtype=torch.int64).share_memory_()
+        self.resumed = torch.zeros(3, dtype=torch.int64).share_memory_()  # counts carried over from a checkpoint
         # per worker: (score, length, frames when it ended)
         self.episodes = torch.zeros(workers, episode_capacity, 3, dtype=torch.float64).share_memory_()
         # (frames, mean return, std, episodes); evals_written counts rows
@@ -44,17 +45,16 @@ class SharedStats:
         self.final_eval.copy_(torch.tensor([1.0, frames, mean, std, episodes], dtype=torch.float64))
 
     def restore(self, frames: int, updates: int, episodes: int) -> None:
-        """Continue a resumed run's counters (credited to row 0 before any worker starts)."""
-        self.counters.zero_()
-        self.counters[0] = torch.tensor([frames, updates, episodes])
+        """Continue a resumed run's counters (call before any worker starts)."""
+        self.resumed.copy_(torch.tensor([frames, updates, episodes]))
 
     # --- readers ----------------------------------------------------------------------------------------------------
     @property
     def frames(self) -> int:
-        return int(self.counters[:, FRAMES].sum())
+        return int(self.counters[:, FRAMES].sum() + self.resumed[FRAMES])
 
     def snapshot(self) -> dict[str, int]:
-        frames, updates, episodes = self.counters.sum(0).tolist()
+        frames, updates, episodes = (self.counters.sum(0) + self.resumed).tolist()
         return {"frames": frames, "updates": updates, "episodes": episodes, "evals": int(self.evals_written)}
 
     def episodes_since(self, seen: list[int]) -> list[tuple[int, float, float, float]]:

@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
     counts = stats.snapshot()
     curves = plot_curves(run_dir, {"train return (all workers)": "train/return", "greedy eval return": "eval/return"},
                          title=f"A3C {cfg.env.name}: {cfg.workers} workers", xlabel="emulator frames")
-    _, last_evals = stats.evals_since(max(0, counts["evals"] - 1))
+    last_evals, _ = stats.evals_since(max(0, counts["evals"] - 1))
     recent = stats.recent_scores(100)
     summary = {
         "status": status, "error": error, "env": cfg.env.name, "workers": cfg.workers, **counts,

@@ -14,6 +14,9 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make checkpoints unreadable to the user's group
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
