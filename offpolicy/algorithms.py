@@ -43,6 +43,27 @@ def build_parts(cfg: DictConfig, env) -> AlgoParts:
     return {"dqn": _dqn, "sac": _sac, "ddpg": _ddpg, "td3": _td3}[cfg.algo](cfg, env)
 
 
+def make_loss(cfg: DictConfig, actor, critic, action_spec):
+    """The algorithm's torchrl loss over ``actor`` and ``critic`` (the Q network; DQN has no actor), with its value
+    estimator: the one place where loss and value-estimator options are read from the config."""
+    from torchrl.objectives import DDPGLoss, DQNLoss, SACLoss, TD3Loss
+
+    fn = cfg.optim.loss_function
+    if cfg.algo == "dqn":
+        loss = DQNLoss(critic, loss_function=fn, delay_value=True, double_dqn=cfg.dqn.double, action_space=action_spec)
+    elif cfg.algo == "sac":
+        target_entropy = "auto" if cfg.sac.target_entropy == "auto" else float(cfg.sac.target_entropy)
+        loss = SACLoss(actor, critic, num_qvalue_nets=2, loss_function=fn, alpha_init=cfg.sac.alpha_init,
+                       fixed_alpha=cfg.sac.fixed_alpha, target_entropy=target_entropy, action_spec=action_spec)
+    elif cfg.algo == "td3":
+        loss = TD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2, policy_noise=cfg.td3.target_noise,
+                       noise_clip=cfg.td3.noise_clip, loss_function=fn)
+    else:
+        loss = DDPGLoss(actor, critic, loss_function=fn, delay_actor=True, delay_value=True)
+    loss.make_value_estimator(gamma=cfg.optim.gamma)
+    return loss
+
+
 def _specs(env):
     obs_spec = env.observation_spec_unbatched["observation"]
     action_spec = env.action_spec_unbatched
@@ -102,7 +123,7 @@ def _noise_value(module) -> Callable[[], float]:
 
 def _dqn(cfg, env) -> AlgoParts:
     from torchrl.modules import EGreedyModule, QValueActor
-    from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
+    from torchrl.objectives import HardUpdate, SoftUpdate
     from torchrl.trainers.algorithms import DQNTrainer
 
     obs_spec, action_spec = _specs(env)
@@ -115,9 +136,7 @@ def _dqn(cfg, env) -> AlgoParts:
     qnet = QValueActor(net, in_keys=["observation"], spec=action_spec)
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
                            annealing_num_steps=cfg.dqn.eps_anneal_frames)
-    loss = DQNLoss(qnet, loss_function=cfg.optim.loss_function, delay_value=True, double_dqn=cfg.dqn.double,
-                   action_space=action_spec)
-    loss.make_value_estimator(gamma=cfg.optim.gamma)
+    loss = make_loss(cfg, None, qnet, action_spec)
     if cfg.dqn.target_update > 0:
         target = HardUpdate(loss, value_network_update_interval=cfg.dqn.target_update)
     else:
@@ -133,7 +152,7 @@ def _dqn(cfg, env) -> AlgoParts:
 
 def _sac(cfg, env) -> AlgoParts:
     from torchrl.modules import ProbabilisticActor, TanhNormal
-    from torchrl.objectives import SACLoss, SoftUpdate
+    from torchrl.objectives import SoftUpdate
     from torchrl.trainers.algorithms import SACTrainer
 
     obs_spec, action_spec = _specs(env)
@@ -145,11 +164,7 @@ def _sac(cfg, env) -> AlgoParts:
         distribution_kwargs={"low": action_spec.space.low, "high": action_spec.space.high},
         return_log_prob=False,
     )
-    target_entropy = cfg.sac.target_entropy if cfg.sac.target_entropy == "auto" else float(cfg.sac.target_entropy)
-    loss = SACLoss(actor, _qvalue(cfg, obs_dim, action_dim), num_qvalue_nets=2, loss_function=cfg.optim.loss_function,
-                   alpha_init=cfg.sac.alpha_init, fixed_alpha=cfg.sac.fixed_alpha, target_entropy=target_entropy,
-                   action_spec=action_spec)
-    loss.make_value_estimator(gamma=cfg.optim.gamma)
+    loss = make_loss(cfg, actor, _qvalue(cfg, obs_dim, action_dim), action_spec)
     groups = [
         {"params": list(loss.actor_network_params.flatten_keys().values()), "lr": cfg.optim.lr},
         {"params": list(loss.qvalue_network_params.flatten_keys().values()), "lr": cfg.optim.critic_lr},
@@ -168,15 +183,13 @@ def _sac(cfg, env) -> AlgoParts:
 
 
 def _ddpg(cfg, env) -> AlgoParts:
-    from torchrl.objectives import DDPGLoss, SoftUpdate
+    from torchrl.objectives import SoftUpdate
 
     obs_spec, action_spec = _specs(env)
     obs_dim, action_dim = obs_spec.shape[-1], action_spec.shape[-1]
     actor = _continuous_actor(cfg, obs_dim, action_spec)
     noise = _noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_frames)
-    loss = DDPGLoss(actor, _qvalue(cfg, obs_dim, action_dim), loss_function=cfg.optim.loss_function,
-                    delay_actor=True, delay_value=True)
-    loss.make_value_estimator(gamma=cfg.optim.gamma)
+    loss = make_loss(cfg, actor, _qvalue(cfg, obs_dim, action_dim), action_spec)
     optimizer = torch.optim.Adam([
         {"params": list(loss.actor_network_params.flatten_keys().values()), "lr": cfg.optim.lr},
         {"params": list(loss.value_network_params.flatten_keys().values()), "lr": cfg.optim.critic_lr},
@@ -190,17 +203,14 @@ def _ddpg(cfg, env) -> AlgoParts:
 
 
 def _td3(cfg, env) -> AlgoParts:
-    from torchrl.objectives import SoftUpdate, TD3Loss
+    from torchrl.objectives import SoftUpdate
     from torchrl.trainers.algorithms.td3 import TD3OptimizationStepper, TD3Trainer
 
     obs_spec, action_spec = _specs(env)
     obs_dim, action_dim = obs_spec.shape[-1], action_spec.shape[-1]
     actor = _continuous_actor(cfg, obs_dim, action_spec)
     noise = _noise(cfg.td3, action_spec, cfg.td3.anneal_frames)
-    loss = TD3Loss(actor, _qvalue(cfg, obs_dim, action_dim), action_spec=action_spec, num_qvalue_nets=2,
-                   policy_noise=cfg.td3.target_noise, noise_clip=cfg.td3.noise_clip,
-                   loss_function=cfg.optim.loss_function)
-    loss.make_value_estimator(gamma=cfg.optim.gamma)
+    loss = make_loss(cfg, actor, _qvalue(cfg, obs_dim, action_dim), action_spec)
     actor_opt = torch.optim.Adam(loss.actor_network_params.flatten_keys().values(), lr=cfg.optim.lr)
     critic_opt = torch.optim.Adam(loss.qvalue_network_params.flatten_keys().values(), lr=cfg.optim.critic_lr)
     stepper = TD3OptimizationStepper(actor_opt, critic_opt, policy_update_delay=cfg.td3.policy_delay)

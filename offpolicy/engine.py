@@ -5,6 +5,8 @@ copy of the loop in train.py.
 """
 from __future__ import annotations
 
+import warnings
+
 from omegaconf import DictConfig
 
 from offpolicy.algorithms import AlgoParts
@@ -68,6 +70,14 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
 def make_trainer(cfg: DictConfig, parts: AlgoParts, collector, replay_buffer):
     """The algorithm's torchrl trainer with the local learner. Logging is done by our hooks (namespaced metrics),
     so the trainer's own logging hooks are off."""
+    with warnings.catch_warnings():
+        # torchrl 0.14.1 warns that every *Trainer is experimental and that its own hook stages are deprecated
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        return _trainer(cfg, parts, collector, replay_buffer)
+
+
+def _trainer(cfg: DictConfig, parts: AlgoParts, collector, replay_buffer):
     return parts.trainer_cls(
         collector=collector,
         total_frames=cfg.total_frames,
