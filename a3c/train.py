@@ -116,7 +116,8 @@ def main(argv: list[str]) -> int:
     save(ckpt_path, model, optimizer, stats, cfg, num_actions)
     elapsed = time.monotonic() - start_time
     counts = stats.snapshot()
-    curves = plot_curves(run_dir, {"train return (all workers)": "train/return", "greedy eval return": "eval/return"},
+    curves = plot_curves(run_dir, {"train return (all workers)": "train/return", "greedy eval return": "eval/return",
+                                   "final greedy eval": "eval/final_return"},
                          title=f"A3C {cfg.env.name}: {cfg.workers} workers", xlabel="emulator frames")
     last_evals, _ = stats.evals_since(max(0, counts["evals"] - 1))
     recent = stats.recent_scores(100)

@@ -48,6 +48,7 @@ def test_smoke_run_trains_logs_from_worker_0_and_checkpoints(smoke_run):
     assert read_scalars(run_dir, "loss/critic")[1] and read_scalars(run_dir, "train/agent_steps_per_s")[1]
     assert read_scalars(run_dir, "eval/final_return")[1] == [summary["final_eval"]["return"]]
     assert (run_dir / "config.yaml").read_text().count("name: Pong") == 1
+    assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and summary["curves"]
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["counters"] == {k: summary[k] for k in ("frames", "updates", "episodes")}
     assert ckpt["config"]["workers"] == 2 and ckpt["num_actions"] == 6
