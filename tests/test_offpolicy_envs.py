@@ -1,0 +1,37 @@
+"""Other envs and outputs: DQN on an ALE game through the shared Atari env, and MuJoCo evaluation videos."""
+from __future__ import annotations
+
+import os
+
+from offpolicy_helpers import train_inprocess
+
+from shared.logging import read_scalars
+
+
+def test_dqn_on_atari(tmp_path):
+    s = train_inprocess("algo=dqn", "env=Pong", "profile=smoke", "replay.size=300", "eval.interval_frames=0",
+                        "eval.max_episode_steps=20", f"run_dir={tmp_path}")
+    assert s["status"] == "completed" and s["frames"] == 300 and s["optim_steps"] == 100
+    steps, returns = read_scalars(tmp_path, "eval/return")
+    assert steps == [300.0] and -21 <= returns[0] <= 21  # whole-game score scale (no reward clipping in eval)
+
+
+def test_mujoco_eval_writes_video(tmp_path):
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    s = train_inprocess("algo=td3", "env=Hopper-v5", "profile=smoke", "eval.video=true", "eval.max_episode_steps=20",
+                        "eval.interval_frames=0", f"run_dir={tmp_path}")
+    assert s["status"] == "completed"
+    video = tmp_path / "videos" / "eval-300.mp4"
+    assert video.exists() and video.stat().st_size > 1000
+    assert video.read_bytes()[4:8] == b"ftyp"  # an mp4 container
+
+
+def test_batched_envs_are_flattened_into_replay(tmp_path):
+    from shared.checkpoint import load_checkpoint
+
+    s = train_inprocess("algo=dqn", "profile=smoke", "env.num_envs=2", "replay.in_checkpoint=true",
+                        "eval.interval_frames=0", "eval.final_episodes=0", f"run_dir={tmp_path}")
+    assert s["status"] == "completed" and s["frames"] == 300 and s["replay_writes"] == 300
+    replay = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["replay"]
+    observations = replay["_storage"]["_storage"]["observation"]
+    assert observations.shape[1:] == (4,)  # [capacity, obs_dim]: the [2, 50] rollouts went in as 100 transitions
