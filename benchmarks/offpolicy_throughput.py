@@ -5,8 +5,10 @@ phase (after prefill), at UTD 1, batch 256 and 256x256 MLPs; SAC, TD3 and DDPG o
     nice -n 5 python benchmarks/offpolicy_throughput.py [algo ...] [frames=N]
 
 Each case is a fresh ``python -m offpolicy.train`` run with evaluation off and metrics logged every batch; the figures
-are total learning-phase frames (or updates) over the wall time of those batches (collection + learning). Prints JSON
-lines and appends them to benchmarks/results/offpolicy_throughput.jsonl.
+are learning-phase frames (or updates) over the wall time of those batches (collection + learning), and over the
+process's CPU time (``*_per_cpu_s``: the figure that stays meaningful when other jobs share the 2 cores; one torch
+thread, so a CPU-second is a core-second). Prints JSON lines and appends them to
+benchmarks/results/offpolicy_throughput.jsonl.
 """
 from __future__ import annotations
 
@@ -46,12 +48,18 @@ def measure(name: str, frames: int) -> dict:
         _, sps = read_scalars(tmp, "time/sps")
         _, ups = read_scalars(tmp, "time/updates_per_s")
         _, fps = read_scalars(tmp, "collector/fps")
+        _, cpu = read_scalars(tmp, "time/cpu_s")
+        _, frames_logged = read_scalars(tmp, "train/frames")
     # one window per batch (logger.interval_s=0); keep the batches after the prefill one
     learning = [i for i in range(len(optim)) if i > 0 and optim[i] > optim[i - 1]]
     batch = 1000
     wall = sum(batch / sps[i] for i in learning)
     updates = optim[learning[-1]] - optim[learning[0] - 1]
+    first, last = learning[0] - 1, learning[-1]  # from the end of the prefill batch to the end of the run
+    cpu_s = cpu[last] - cpu[first]
     return {"env_steps_per_s": len(learning) * batch / wall, "updates_per_s": updates / wall,
+            "env_steps_per_cpu_s": (frames_logged[last] - frames_logged[first]) / cpu_s,
+            "updates_per_cpu_s": (optim[last] - optim[first]) / cpu_s,
             "learner_updates_per_s": sum(ups[i] for i in learning) / len(learning),
             "collector_steps_per_s": sum(fps[i] for i in learning) / len(learning), "frames": frames}
 
@@ -65,6 +73,7 @@ def main(argv: list[str]) -> None:
     for name in names:
         r = measure(name, frames)
         for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"),
+                             ("env_steps_per_cpu_s", "steps/cpu-s"), ("updates_per_cpu_s", "updates/cpu-s"),
                              ("learner_updates_per_s", "updates/s"), ("collector_steps_per_s", "steps/s")):
             line = {"bench": f"offpolicy_throughput/{name}", "metric": metric, "value": round(r[metric], 1),
                     "unit": unit}

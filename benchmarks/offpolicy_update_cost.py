@@ -1,4 +1,4 @@
-"""Where the time of one off-policy iteration goes (a figure, not a test): milliseconds per replay sample, loss
+"""Where the time of one off-policy iteration goes (a figure, not a test): CPU milliseconds per replay sample, loss
 forward, backward, optimiser step and target update at batch 256 with 256x256 MLPs, plus one collection step
 (policy + env), for each algorithm, built by the same builders as a training run.
 
@@ -26,10 +26,11 @@ ENVS = {"sac": "HalfCheetah-v5", "td3": "HalfCheetah-v5", "ddpg": "HalfCheetah-v
 
 
 def _timed(fn, n: int) -> float:
-    start = time.perf_counter()
+    """CPU milliseconds per call (process time: robust to other jobs on the machine; one torch thread)."""
+    start = time.process_time()
     for _ in range(n):
         fn()
-    return (time.perf_counter() - start) / n * 1000
+    return (time.process_time() - start) / n * 1000
 
 
 def measure(algo: str, n: int = 200) -> dict[str, float]:
@@ -42,9 +43,9 @@ def measure(algo: str, n: int = 200) -> dict[str, float]:
     collector = engine.make_collector(cfg, env, parts.collect_policy)
     replay = engine.make_replay_buffer(cfg)
     try:
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         batch = next(iter(collector))
-        collect_ms = (time.perf_counter() - t0) / batch.numel() * 1000
+        collect_ms = (time.process_time() - t0) / batch.numel() * 1000
         replay.extend(batch.reshape(-1))
         params = [p for opt in parts.optimizers.values() for g in opt.param_groups for p in g["params"]]
         out = {"collect_step": collect_ms, "sample": _timed(lambda: replay.sample(), n)}

@@ -138,6 +138,7 @@ class Metrics:
             "replay/size": float(len(trainer.replay_buffer)),
             "replay/write_count": float(trainer.replay_buffer.write_count),
             "time/elapsed_s": self.elapsed_s,
+            "time/cpu_s": time.process_time(),  # this process's CPU time: throughput on a shared machine
             "time/sps": w["frames"] / max(wall, 1e-9),
             "time/updates_per_s": (trainer._optim_count - w["optim0"]) / max(w["learn_s"], 1e-9),
             "time/collect_frac": w["collect_s"] / max(wall, 1e-9),
