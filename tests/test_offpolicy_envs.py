@@ -35,3 +35,11 @@ def test_batched_envs_are_flattened_into_replay(tmp_path):
     replay = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["replay"]
     observations = replay["_storage"]["_storage"]["observation"]
     assert observations.shape[1:] == (4,)  # [capacity, obs_dim]: the [2, 50] rollouts went in as 100 transitions
+
+
+def test_tensorboard_backend(tmp_path):
+    s = train_inprocess("algo=dqn", "profile=smoke", "logger.backend=tensorboard", "eval.interval_frames=0",
+                        "eval.final_episodes=0", f"run_dir={tmp_path}")
+    assert s["status"] == "completed"
+    assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+    assert read_scalars(tmp_path, "train/optim_steps")[0]  # CSV is always written too
