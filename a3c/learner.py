@@ -10,7 +10,7 @@ from torchrl.objectives import A2CLoss
 from torchrl.objectives.value import GAE
 
 from a3c.optim import copy_gradients
-from shared.models import AtariActorCritic, torchrl_actor_critic
+from shared.models import AtariActorCritic, to_channels_last, torchrl_actor_critic
 
 
 class A3CLearner:
@@ -55,6 +55,7 @@ class A3CLearner:
         return metrics
 
     def _step(self, batch: TensorDict) -> dict[str, float]:
+        batch["observation"] = to_channels_last(batch["observation"])
         self.trunk(batch)  # shared features once, with grad; actor and critic heads read "hidden"
         losses = self.loss(batch)
         total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]

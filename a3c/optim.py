@@ -84,6 +84,6 @@ def copy_gradients(local: nn.Module, global_model: nn.Module) -> None:
         if local_p.grad is None:
             global_p.grad = None
         elif global_p.grad is None:
-            global_p.grad = torch.empty_like(global_p).copy_(local_p.grad)
+            global_p.grad = local_p.grad.clone()
         else:
             global_p.grad.copy_(local_p.grad)

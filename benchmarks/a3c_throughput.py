@@ -3,7 +3,7 @@
     python benchmarks/a3c_throughput.py [seconds=30] [workers=2] [any a3c key=value ...]
 
 (a) env_only       agent steps/s of W processes stepping the same Atari config with random actions
-(b) model_cost     ms of model time per agent step: batched forward while acting + forward/backward in the update
+(b) model_cost     ms of model time per agent step (acting forward + update forward/backward), W processes at once
 (c) roofline       the A3C rate (a) and (b) allow: W / (W / a + b), one core per worker
 (d) a3c            the real `python -m a3c.train` rate, steady state (start-up excluded)
 (e) torchrl_loop   the same learner fed by torchrl's Collector over GymEnv + the torchrl transform stack, same model
@@ -50,16 +50,22 @@ def _env_only(cfg_dict: dict, seconds: float, rank: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def model_cost_ms(cfg) -> dict[str, float]:
-    """Single-thread model time per agent step, for the rollout batch (E) and the update batch (E x t_max)."""
+def _model_cost_ms(cfg_dict: dict) -> dict[str, float]:
+    """One thread's model time per agent step: forward at the acting batch (E), forward+backward at the update
+    batch (E x t_max) in the layout the learner uses. Run in W processes at once, like the workers, so that (b)
+    sees the same sharing of the machine as (a)."""
+    from omegaconf import OmegaConf
+
     from a3c.evaluate import build_model
+    from shared.models import to_channels_last
 
     torch.set_num_threads(1)
+    cfg = OmegaConf.create(cfg_dict)
     envs, t_max = cfg.env.envs_per_worker, cfg.a3c.t_max
     model = build_model(cfg, num_actions=6)
     channels = model.trunk.net[0].in_channels
     act_obs = torch.randint(0, 255, (envs, channels, cfg.env.image_size, cfg.env.image_size), dtype=torch.uint8)
-    upd_obs = act_obs.repeat(t_max, 1, 1, 1)
+    upd_obs = to_channels_last(act_obs.repeat(t_max, 1, 1, 1))
     with torch.no_grad():
         for _ in range(10):
             model(act_obs)
@@ -180,7 +186,9 @@ def main() -> None:
 
     env_rate = _parallel(_env_only, cfg_dict, seconds, workers)
     emit("env_only", env_rate, "agent_steps/s", **setting)
-    cost = model_cost_ms(cfg)
+    with mp.get_context("spawn").Pool(workers) as pool:
+        costs = pool.map(_model_cost_ms, [cfg_dict] * workers)
+    cost = {k: sum(c[k] for c in costs) / workers for k in costs[0]}
     emit("model_cost", cost["total"], "ms/agent_step", forward_ms=round(cost["forward"], 4),
          forward_backward_ms=round(cost["forward_backward"], 4), **setting)
     roofline = workers / (workers / env_rate + cost["total"] / 1e3)
