@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
     cfg = OmegaConf.create(ckpt["config"])
     model = build_model(cfg, ckpt["num_actions"])
     model.load_state_dict(ckpt["model"])
-    out_dir = Path(args.out_dir or Path(args.checkpoint).resolve().parent.parent)
+    out_dir = Path(args.run_dir or Path(args.checkpoint).resolve().parent.parent)
     video = out_dir / "videos" / f"evaluate_{ckpt['counters']['frames']}.mp4" if args.video else None
     torch.set_num_threads(1)
     scores = greedy_episodes(model, eval_settings(cfg, args.max_episode_frames), args.episodes, args.seed,

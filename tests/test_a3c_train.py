@@ -121,7 +121,7 @@ def test_periodic_evaluation_is_logged_and_ctrl_c_stops_everything_within_10s(tm
 def test_evaluate_cli_reports_mean_and_std_and_writes_a_video(smoke_run, tmp_path):
     run_dir, _ = smoke_run
     result = run_module("a3c.evaluate", f"checkpoint={run_dir / 'checkpoints' / 'last.pt'}", "episodes=2",
-                        "video=true", "max_episode_frames=1200", f"out_dir={tmp_path}")
+                        "video=true", "max_episode_frames=1200", f"run_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "return: " in result.stdout and "over 2 greedy episodes" in result.stdout
     report = json.loads((tmp_path / "evaluation.json").read_text())
