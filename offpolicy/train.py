@@ -229,20 +229,6 @@ def _restore(checkpoint: dict, trainer, parts: AlgoParts) -> None:
     torch.set_rng_state(checkpoint["rng"])
 
 
-def _hparams(cfg: DictConfig) -> dict:
-    """The config as flat ``a.b -> scalar`` pairs (TensorBoard's hparams take no nesting, lists or None)."""
-    def flatten(tree: dict, prefix: str = "") -> dict:
-        flat = {}
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                flat.update(flatten(value, f"{prefix}{key}."))
-            else:
-                flat[prefix + key] = value if isinstance(value, (int, float, str, bool)) else str(value)
-        return flat
-
-    return flatten(OmegaConf.to_container(cfg, resolve=True))
-
-
 def _env_tag(name: str) -> str:
     return name.replace("/", "_")
 
@@ -268,7 +254,7 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
           f"prefill {cfg.collector.prefill_frames} frames; run dir {run_dir}"
           + (f"; resumed at {counters['collected_frames']} frames" if counters else ""), flush=True)
 
-    logger = SharedLogger(make_logger(cfg.logger.backend, run_dir, config=_hparams(cfg)))
+    logger = SharedLogger(make_logger(cfg.logger.backend, run_dir, config=OmegaConf.to_container(cfg, resolve=True)))
     trainer.register_op("batch_process", PrefillGate(trainer, cfg.collector.prefill_frames, steps))
     invariants = Invariants(trainer, batch_size=cfg.optim.batch_size, steps_per_batch=steps,
                             prefill_frames=cfg.collector.prefill_frames, check_every=cfg.invariants.check_every,

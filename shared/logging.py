@@ -51,12 +51,23 @@ def make_logger(backend: str, run_dir: str | Path, *, rank: int = 0, config: dic
         )
     if config is not None:
         for logger in loggers[1:]:
-            logger.log_hparams(config)
+            logger.log_hparams(flat_hparams(config))
     owner = run_dir / LOG_SUBDIR / "owner.json"
     owners = json.loads(owner.read_text()) if owner.exists() else []
     owners.append({"pid": os.getpid(), "rank": rank})
     owner.write_text(json.dumps(owners))
     return MetricLogger(loggers)
+
+
+def flat_hparams(tree: dict, prefix: str = "") -> dict:
+    """A nested config as flat ``a.b -> scalar`` pairs: TensorBoard's hparams take no nesting, lists or None."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flat_hparams(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
 
 
 def read_scalars(run_dir: str | Path, name: str) -> tuple[list[float], list[float]]:

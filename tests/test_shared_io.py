@@ -43,7 +43,8 @@ def test_failed_write_keeps_the_old_checkpoint_and_leaves_no_temp_file(tmp_path,
 def test_every_backend_writes_and_csv_is_always_kept(tmp_path, backend, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    logger = make_logger(backend, tmp_path, rank=0, config={"lr": 0.1})
+    config = {"lr": 0.1, "env": {"name": "Pong", "hidden": [256, 256]}, "resume": None}  # nested, like the engines'
+    logger = make_logger(backend, tmp_path, rank=0, config=config)
     logger.log({"train/return": -21.0, "loss/critic": 0.5}, step=100)
     logger.log({"train/return": -20.0}, step=200)
     logger.close()
