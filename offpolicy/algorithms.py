@@ -16,6 +16,7 @@ from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequ
 from torch import nn
 from torchrl.trainers.algorithms import DDPGTrainer
 
+from offpolicy.updates import OptimGroup, PerNetworkStepper, TargetUpdate
 from shared.models import AtariTrunk, mlp
 
 ALGOS = ("dqn", "sac", "ddpg", "td3")
@@ -33,6 +34,7 @@ class AlgoParts:
     target_updater: Any
     optimizers: dict[str, torch.optim.Optimizer]  # checkpointed by name
     trainer_cls: type
+    stepper: PerNetworkStepper | None = None  # actor-critic algorithms: one optimiser per network
     trainer_kwargs: dict = field(default_factory=dict)  # algorithm-specific trainer arguments
     exploration_value: Callable[[], float] | None = None  # current epsilon / sigma, for train/ metrics
     discrete: bool = False
@@ -45,10 +47,10 @@ def build_parts(cfg: DictConfig, env) -> AlgoParts:
 
 def make_loss(cfg: DictConfig, actor, critic, action_spec):
     """The algorithm's torchrl loss over ``actor`` and ``critic`` (the Q network; DQN has no actor), with its value
-    estimator: the one place where loss and value-estimator options are read from the config."""
-    from torchrl.objectives import DDPGLoss, DQNLoss, SACLoss, TD3Loss
+    estimator (TD(0), TD(1) or TD(lambda)): the one place where the ``loss`` section is read."""
+    from torchrl.objectives import DDPGLoss, DQNLoss, SACLoss, TD3Loss, ValueEstimators
 
-    fn = cfg.optim.loss_function
+    fn = cfg.loss.function
     if cfg.algo == "dqn":
         loss = DQNLoss(critic, loss_function=fn, delay_value=True, double_dqn=cfg.dqn.double, action_space=action_spec)
     elif cfg.algo == "sac":
@@ -60,8 +62,33 @@ def make_loss(cfg: DictConfig, actor, critic, action_spec):
                        noise_clip=cfg.td3.noise_clip, loss_function=fn)
     else:
         loss = DDPGLoss(actor, critic, loss_function=fn, delay_actor=True, delay_value=True)
-    loss.make_value_estimator(gamma=cfg.optim.gamma)
+    estimator = {"td0": ValueEstimators.TD0, "td1": ValueEstimators.TD1, "tdlambda": ValueEstimators.TDLambda}
+    kwargs = {"lmbda": cfg.loss.lmbda} if cfg.loss.value_estimator == "tdlambda" else {}
+    loss.make_value_estimator(estimator[cfg.loss.value_estimator], gamma=cfg.loss.gamma, **kwargs)
     return loss
+
+
+def make_target_updater(cfg: DictConfig, loss, when=None) -> TargetUpdate:
+    """Soft (``target.tau``) or hard (a copy every ``target.hard_every`` updates) target networks; ``when`` gates the
+    updates (TD3: only with the actor)."""
+    hard_every = cfg.target.hard_every if cfg.target.mode == "hard" else None
+    return TargetUpdate(loss, tau=cfg.target.tau, hard_every=hard_every, when=when)
+
+
+def _adam(cfg: DictConfig, params, network: str) -> torch.optim.Adam:
+    """Adam over ``params`` with the learning rate and weight decay of ``network`` ("actor" or "critic")."""
+    prefix = "" if network == "actor" else "critic_"
+    return torch.optim.Adam(list(params), lr=cfg.optim[f"{prefix}lr"], weight_decay=cfg.optim[f"{prefix}weight_decay"])
+
+
+def _actor_critic_groups(cfg: DictConfig, loss, critic_params, critic_key: str, actor_every: int = 1):
+    """The actor and critic optimisers, each with its own learning rate, weight decay and gradient clip."""
+    return [
+        OptimGroup("actor", _adam(cfg, loss.actor_network_params.flatten_keys().values(), "actor"), ("loss_actor",),
+                   cfg.optim.max_grad_norm, every=actor_every),
+        OptimGroup("critic", _adam(cfg, critic_params.flatten_keys().values(), "critic"), (critic_key,),
+                   cfg.optim.critic_max_grad_norm),
+    ]
 
 
 def _specs(env):
@@ -123,7 +150,6 @@ def _noise_value(module) -> Callable[[], float]:
 
 def _dqn(cfg, env) -> AlgoParts:
     from torchrl.modules import EGreedyModule, QValueActor
-    from torchrl.objectives import HardUpdate, SoftUpdate
     from torchrl.trainers.algorithms import DQNTrainer
 
     obs_spec, action_spec = _specs(env)
@@ -137,14 +163,11 @@ def _dqn(cfg, env) -> AlgoParts:
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
                            annealing_num_steps=cfg.dqn.eps_anneal_frames)
     loss = make_loss(cfg, None, qnet, action_spec)
-    if cfg.dqn.target_update > 0:
-        target = HardUpdate(loss, value_network_update_interval=cfg.dqn.target_update)
-    else:
-        target = SoftUpdate(loss, tau=cfg.target.tau)
-    optimizer = torch.optim.Adam(loss.value_network_params.flatten_keys().values(), lr=cfg.optim.lr)
+    # one network: the trainer's own optimiser step and gradient clip (optim.max_grad_norm)
+    optimizer = _adam(cfg, loss.value_network_params.flatten_keys().values(), "actor")
     return AlgoParts(
         collect_policy=TensorDictSequential(qnet, greedy), eval_policy=qnet, exploration=greedy, loss=loss,
-        target_updater=target, optimizers={"q": optimizer}, trainer_cls=DQNTrainer,
+        target_updater=make_target_updater(cfg, loss), optimizers={"q": optimizer}, trainer_cls=DQNTrainer,
         trainer_kwargs={"optimizer": optimizer, "greedy_module": greedy},
         exploration_value=lambda: float(greedy.eps), discrete=True,
     )
@@ -152,7 +175,6 @@ def _dqn(cfg, env) -> AlgoParts:
 
 def _sac(cfg, env) -> AlgoParts:
     from torchrl.modules import ProbabilisticActor, TanhNormal
-    from torchrl.objectives import SoftUpdate
     from torchrl.trainers.algorithms import SACTrainer
 
     obs_spec, action_spec = _specs(env)
@@ -165,59 +187,49 @@ def _sac(cfg, env) -> AlgoParts:
         return_log_prob=False,
     )
     loss = make_loss(cfg, actor, _qvalue(cfg, obs_dim, action_dim), action_spec)
-    groups = [
-        {"params": list(loss.actor_network_params.flatten_keys().values()), "lr": cfg.optim.lr},
-        {"params": list(loss.qvalue_network_params.flatten_keys().values()), "lr": cfg.optim.critic_lr},
-    ]
+    groups = _actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue")
     if not cfg.sac.fixed_alpha:
-        groups.append({"params": [loss.log_alpha], "lr": cfg.sac.alpha_lr})
-    # One optimiser with a group per network: SACLoss detaches what each term must not train, so one summed
-    # backward equals the three separate updates.
-    optimizer = torch.optim.Adam(groups)
+        groups.append(OptimGroup("alpha", torch.optim.Adam([loss.log_alpha], lr=cfg.sac.alpha_lr), ("loss_alpha",)))
     return AlgoParts(
         collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
-        target_updater=SoftUpdate(loss, tau=cfg.target.tau), optimizers={"sac": optimizer},
-        trainer_cls=SACTrainer, trainer_kwargs={"optimizer": optimizer},
+        target_updater=make_target_updater(cfg, loss), optimizers={g.name: g.optimizer for g in groups},
+        trainer_cls=SACTrainer, stepper=PerNetworkStepper(groups),
         exploration_value=lambda: float(loss.log_alpha.detach().exp()),
     )
 
 
 def _ddpg(cfg, env) -> AlgoParts:
-    from torchrl.objectives import SoftUpdate
-
     obs_spec, action_spec = _specs(env)
     obs_dim, action_dim = obs_spec.shape[-1], action_spec.shape[-1]
     actor = _continuous_actor(cfg, obs_dim, action_spec)
     noise = _noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_frames)
     loss = make_loss(cfg, actor, _qvalue(cfg, obs_dim, action_dim), action_spec)
-    optimizer = torch.optim.Adam([
-        {"params": list(loss.actor_network_params.flatten_keys().values()), "lr": cfg.optim.lr},
-        {"params": list(loss.value_network_params.flatten_keys().values()), "lr": cfg.optim.critic_lr},
-    ])
+    groups = _actor_critic_groups(cfg, loss, loss.value_network_params, "loss_value")
     return AlgoParts(
         collect_policy=actor if noise is None else TensorDictSequential(actor, noise), eval_policy=actor,
-        exploration=noise, loss=loss, target_updater=SoftUpdate(loss, tau=cfg.target.tau),
-        optimizers={"ddpg": optimizer}, trainer_cls=ExploringDDPGTrainer,
-        trainer_kwargs={"optimizer": optimizer, "exploration_module": noise}, exploration_value=_noise_value(noise),
+        exploration=noise, loss=loss, target_updater=make_target_updater(cfg, loss),
+        optimizers={g.name: g.optimizer for g in groups}, trainer_cls=ExploringDDPGTrainer,
+        stepper=PerNetworkStepper(groups), trainer_kwargs={"exploration_module": noise},
+        exploration_value=_noise_value(noise),
     )
 
 
 def _td3(cfg, env) -> AlgoParts:
-    from torchrl.objectives import SoftUpdate
-    from torchrl.trainers.algorithms.td3 import TD3OptimizationStepper, TD3Trainer
+    from torchrl.trainers.algorithms.td3 import TD3Trainer
 
     obs_spec, action_spec = _specs(env)
     obs_dim, action_dim = obs_spec.shape[-1], action_spec.shape[-1]
     actor = _continuous_actor(cfg, obs_dim, action_spec)
     noise = _noise(cfg.td3, action_spec, cfg.td3.anneal_frames)
     loss = make_loss(cfg, actor, _qvalue(cfg, obs_dim, action_dim), action_spec)
-    actor_opt = torch.optim.Adam(loss.actor_network_params.flatten_keys().values(), lr=cfg.optim.lr)
-    critic_opt = torch.optim.Adam(loss.qvalue_network_params.flatten_keys().values(), lr=cfg.optim.critic_lr)
-    stepper = TD3OptimizationStepper(actor_opt, critic_opt, policy_update_delay=cfg.td3.policy_delay)
+    groups = _actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue",
+                                  actor_every=cfg.td3.policy_delay)
+    stepper = PerNetworkStepper(groups, critic_only_method="value_loss")
     return AlgoParts(
         collect_policy=TensorDictSequential(actor, noise), eval_policy=actor, exploration=noise, loss=loss,
-        target_updater=SoftUpdate(loss, tau=cfg.target.tau), optimizers={"actor": actor_opt, "critic": critic_opt},
-        trainer_cls=TD3Trainer, trainer_kwargs={"optimization_stepper": stepper, "exploration_module": noise},
+        target_updater=make_target_updater(cfg, loss, when=lambda: stepper.is_due("actor")),
+        optimizers={g.name: g.optimizer for g in groups}, trainer_cls=TD3Trainer, stepper=stepper,
+        trainer_kwargs={"optimization_stepper": stepper, "exploration_module": noise},
         exploration_value=_noise_value(noise),
     )
 

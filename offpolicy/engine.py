@@ -74,7 +74,12 @@ def make_trainer(cfg: DictConfig, parts: AlgoParts, collector, replay_buffer):
         # torchrl 0.14.1 warns that every *Trainer is experimental and that its own hook stages are deprecated
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", FutureWarning)
-        return _trainer(cfg, parts, collector, replay_buffer)
+        trainer = _trainer(cfg, parts, collector, replay_buffer)
+    if parts.stepper is not None and trainer.optimization_stepper is None:
+        # torchrl 0.14.1's SACTrainer and DDPGTrainer do not pass an optimization_stepper on to the base Trainer
+        trainer.optimization_stepper = parts.stepper
+        parts.stepper.register(trainer)
+    return trainer
 
 
 def _trainer(cfg: DictConfig, parts: AlgoParts, collector, replay_buffer):

@@ -57,10 +57,17 @@ RULES = {
     "optim.batch_size": Rule(min=1, integer=True),
     "optim.lr": Rule(min=1e-12),
     "optim.critic_lr": Rule(min=1e-12),
+    "optim.weight_decay": Rule(min=0),
+    "optim.critic_weight_decay": Rule(min=0),
     "optim.max_grad_norm": Rule(min=1e-12, nullable=True),
-    "optim.gamma": Rule(min=0, max=1),
-    "optim.loss_function": Rule(choices=("l2", "smooth_l1")),
-    "target.tau": Rule(min=0, max=1),
+    "optim.critic_max_grad_norm": Rule(min=1e-12, nullable=True),
+    "loss.value_estimator": Rule(choices=("td0", "td1", "tdlambda")),
+    "loss.gamma": Rule(min=0, max=1),
+    "loss.lmbda": Rule(min=0, max=1),
+    "loss.function": Rule(choices=("l2", "smooth_l1")),
+    "target.mode": Rule(choices=("soft", "hard")),
+    "target.tau": Rule(min=1e-9, max=0.5),
+    "target.hard_every": Rule(min=1, integer=True),
     "replay.size": Rule(min=1, integer=True),
     "eval.interval_frames": Rule(min=0, integer=True),
     "eval.episodes": Rule(min=1, integer=True),
@@ -75,7 +82,7 @@ _NOISE = {"noise": Rule(choices=("gaussian", "ou")), "sigma": Rule(min=1e-9), "s
           "anneal_frames": Rule(min=1, integer=True)}
 ALGO_RULES = {
     "dqn": {"dqn.eps_init": Rule(min=0, max=1), "dqn.eps_end": Rule(min=0, max=1),
-            "dqn.eps_anneal_frames": Rule(min=1, integer=True), "dqn.target_update": Rule(min=0, integer=True)},
+            "dqn.eps_anneal_frames": Rule(min=1, integer=True)},
     "sac": {"sac.alpha_init": Rule(min=1e-9), "sac.alpha_lr": Rule(min=1e-12)},
     "ddpg": {**{f"ddpg.{k}": r for k, r in _NOISE.items()},
              "ddpg.noise": Rule(choices=("gaussian", "ou", "none"))},
@@ -200,6 +207,7 @@ class Checkpointer:
             "loss": parts.loss.state_dict(),
             "optimizers": {name: opt.state_dict() for name, opt in parts.optimizers.items()},
             "stepper": trainer.optimization_stepper.state_dict() if trainer.optimization_stepper else None,
+            "target_updates": parts.target_updater.updates,
             "exploration": parts.exploration.state_dict() if parts.exploration is not None else None,
             "replay": trainer.replay_buffer.state_dict() if self.cfg.replay.in_checkpoint else None,
             "rng": torch.get_rng_state(),
@@ -216,6 +224,7 @@ def _restore(checkpoint: dict, trainer, parts: AlgoParts) -> None:
         opt.load_state_dict(checkpoint["optimizers"][name])
     if checkpoint["stepper"] is not None:
         trainer.optimization_stepper.load_state_dict(checkpoint["stepper"])
+    parts.target_updater.updates = checkpoint["target_updates"]
     if parts.exploration is not None:
         parts.exploration.load_state_dict(checkpoint["exploration"])
     if checkpoint["replay"] is not None:

@@ -1,0 +1,120 @@
+"""Optimiser and target-network options: per-network optimisers (learning rate, weight decay, gradient clip), TD3's
+delayed actor + target updates, soft and hard target updates (a hard copy exactly every K updates)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from offpolicy import engine
+from offpolicy.algorithms import build_parts
+from offpolicy.train import compose_config
+
+
+def _parts(algo, *overrides):
+    env_name = "CartPole-v1" if algo == "dqn" else "Pendulum-v1"
+    cfg, _ = compose_config([f"algo={algo}", f"env={env_name}", "profile=smoke", *overrides])
+    torch.manual_seed(0)
+    env = engine.make_train_env(cfg)
+    parts = build_parts(cfg, env)
+    collector = engine.make_collector(cfg, env, parts.collect_policy)
+    try:
+        batch = next(iter(collector)).reshape(-1)
+    finally:
+        collector.shutdown()
+    return cfg, parts, batch
+
+
+def _trainer_view(parts):
+    """What a stepper needs of a trainer: its loss (optionally a named method of it) and its replay buffer."""
+    def compute_loss(batch, method=None):
+        return parts.loss(batch) if method is None else getattr(parts.loss, method)(batch)
+    return SimpleNamespace(compute_loss=compute_loss, replay_buffer=None)
+
+
+def _flat(params):
+    return torch.cat([p.detach().reshape(-1).clone() for p in params.flatten_keys().values()])
+
+
+def test_actor_and_critic_have_their_own_optimisers():
+    _, parts, _ = _parts("ddpg", "optim.lr=1e-4", "optim.critic_lr=1e-3", "optim.critic_weight_decay=0.01")
+    actor, critic = parts.optimizers["actor"], parts.optimizers["critic"]
+    assert actor is not critic
+    assert actor.param_groups[0]["lr"] == 1e-4 and actor.param_groups[0]["weight_decay"] == 0.0
+    assert critic.param_groups[0]["lr"] == 1e-3 and critic.param_groups[0]["weight_decay"] == 0.01
+    actor_ids = {id(p) for p in actor.param_groups[0]["params"]}
+    critic_ids = {id(p) for p in critic.param_groups[0]["params"]}
+    assert actor_ids and critic_ids and not actor_ids & critic_ids
+    assert {id(p) for p in parts.loss.actor_network_params.flatten_keys().values()} == actor_ids
+
+
+def test_each_optimiser_clips_its_own_gradients():
+    _, parts, batch = _parts("sac", "optim.critic_max_grad_norm=0.001")
+    norms = {}
+    for name, opt in parts.optimizers.items():
+        def record(optimizer, args, kwargs, name=name):
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            norms[name] = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+        opt.register_step_pre_hook(record)
+    out = parts.stepper.step(_trainer_view(parts), batch[:32].clone())
+    assert norms["critic"] == pytest.approx(0.001, rel=1e-3)  # clipped to its own norm
+    assert float(out["grad_norm_critic"]) > 0.01  # the logged norm is the one before clipping
+    assert norms["actor"] > 0.001 and norms["actor"] == pytest.approx(float(out["grad_norm_actor"]), rel=1e-4)
+
+
+def test_td3_updates_actor_and_targets_every_policy_delay_steps():
+    _, parts, batch = _parts("td3", "td3.policy_delay=2", "target.tau=0.5")
+    loss, view = parts.loss, _trainer_view(parts)
+    parts.target_updater.init_()
+    sample = batch[:32].clone()
+
+    def snapshot():
+        return (_flat(loss.actor_network_params), _flat(loss.qvalue_network_params),
+                _flat(loss.target_actor_network_params), _flat(loss.target_qvalue_network_params))
+
+    before = snapshot()
+    parts.stepper.step(view, sample.clone())
+    parts.target_updater.step()
+    after_first = snapshot()
+    assert torch.equal(before[0], after_first[0])  # step 1: actor not updated
+    assert not torch.equal(before[1], after_first[1])  # critic updated
+    assert torch.equal(before[2], after_first[2]) and torch.equal(before[3], after_first[3])  # targets untouched
+    parts.stepper.step(view, sample.clone())
+    parts.target_updater.step()
+    after_second = snapshot()
+    assert not torch.equal(after_first[0], after_second[0])  # step 2: actor updated...
+    # ...and both targets moved halfway (tau 0.5) towards the online networks
+    assert torch.allclose(after_second[2], 0.5 * after_first[2] + 0.5 * after_second[0], atol=1e-6)
+    assert torch.allclose(after_second[3], 0.5 * after_first[3] + 0.5 * after_second[1], atol=1e-6)
+    assert parts.target_updater.updates == 1
+
+
+@pytest.mark.parametrize("algo", ["dqn", "ddpg"])
+def test_hard_update_copies_exactly_every_k_updates(algo):
+    _, parts, _ = _parts(algo, "target.mode=hard", "target.hard_every=3")
+    loss, updater = parts.loss, parts.target_updater
+    updater.init_()
+    online = loss.value_network_params if algo == "dqn" else loss.value_network_params
+    target = loss.target_value_network_params
+    copies = []
+    for step in range(1, 10):
+        with torch.no_grad():
+            for p in online.flatten_keys().values():
+                p.add_(0.1)  # an optimiser step
+        updater.step()
+        copies.append(torch.equal(_flat(online), _flat(target)))
+    assert copies == [False, False, True] * 3
+
+
+def test_soft_update_moves_tau_of_the_way():
+    _, parts, _ = _parts("sac", "target.tau=0.1")
+    loss, updater = parts.loss, parts.target_updater
+    updater.init_()
+    with torch.no_grad():
+        for p in loss.qvalue_network_params.flatten_keys().values():
+            p.add_(1.0)
+    old_target = _flat(loss.target_qvalue_network_params)
+    updater.step()
+    expected = 0.9 * old_target + 0.1 * _flat(loss.qvalue_network_params)
+    assert torch.allclose(_flat(loss.target_qvalue_network_params), expected, atol=1e-6)
