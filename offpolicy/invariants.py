@@ -21,10 +21,10 @@ class InvariantError(RuntimeError):
 class Invariants:
     """Trainer hooks that check the invariants; ``register`` adds them to a torchrl trainer."""
 
-    def __init__(self, trainer, *, batch_size: int, steps_per_batch: int, prefill_frames: int,
+    def __init__(self, trainer, *, sample_shape: tuple[int, ...], steps_per_batch: int, prefill_frames: int,
                  check_every: int = 1, version_offset: int = 0):
         self.trainer = trainer
-        self.batch_size = batch_size
+        self.sample_shape = tuple(sample_shape)
         self.steps_per_batch = steps_per_batch
         self.prefill_frames = prefill_frames
         self.check_every = check_every
@@ -57,8 +57,8 @@ class Invariants:
         """Each optimisation batch has the configured size and the keys the losses read."""
         self._samples += 1
         if self._samples % self.check_every == 0:
-            if tuple(sample.batch_size) != (self.batch_size,):
-                raise InvariantError(f"sampled batch has shape {tuple(sample.batch_size)}; expected ({self.batch_size},)")
+            if tuple(sample.batch_size) != self.sample_shape:
+                raise InvariantError(f"sampled batch has shape {tuple(sample.batch_size)}; expected {self.sample_shape}")
             keys = set(sample.keys(True))
             missing = [k for k in REQUIRED_KEYS if k not in keys]
             if missing:

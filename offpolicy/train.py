@@ -69,6 +69,12 @@ RULES = {
     "target.tau": Rule(min=1e-9, max=0.5),
     "target.hard_every": Rule(min=1, integer=True),
     "replay.size": Rule(min=1, integer=True),
+    "replay.storage": Rule(choices=("memory", "memmap")),
+    "replay.alpha": Rule(min=0),
+    "replay.beta": Rule(min=0),
+    "replay.slice_len": Rule(min=2, integer=True, nullable=True),
+    "env.vector": Rule(choices=("serial", "process")),
+    "env.obs_norm_init_steps": Rule(min=2, integer=True),
     "eval.interval_frames": Rule(min=0, integer=True),
     "eval.episodes": Rule(min=1, integer=True),
     "eval.final_episodes": Rule(min=0, integer=True),
@@ -121,6 +127,12 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if not cfg.optim.batch_size <= max(cfg.collector.prefill_frames, cfg.collector.frames_per_batch):
         raise ConfigError(f"optim.batch_size={cfg.optim.batch_size} is not allowed; allowed: <= "
                           "max(collector.prefill_frames, collector.frames_per_batch), so the first sample can be drawn")
+    if cfg.replay.slice_len and cfg.optim.batch_size % cfg.replay.slice_len:
+        raise ConfigError(f"replay.slice_len={cfg.replay.slice_len} is not allowed; allowed: a divisor of "
+                          f"optim.batch_size={cfg.optim.batch_size} (each step replays batch_size transitions)")
+    if cfg.loss.value_estimator != "td0" and not cfg.replay.slice_len:
+        raise ConfigError(f"loss.value_estimator={cfg.loss.value_estimator} is not allowed without "
+                          "replay.slice_len; allowed: td0, or set replay.slice_len so targets run along trajectories")
     if cfg.collector.prefill_frames > cfg.replay.size:
         raise ConfigError(f"collector.prefill_frames={cfg.collector.prefill_frames} is not allowed; allowed: <= "
                           f"replay.size={cfg.replay.size}")
@@ -187,8 +199,9 @@ class Checkpointer:
     """Atomic checkpoints (``checkpoints/last.pt``) of everything a resume needs."""
 
     def __init__(self, cfg: DictConfig, run_dir: Path, trainer, parts: AlgoParts, metrics: Metrics,
-                 invariants: Invariants):
+                 invariants: Invariants, obs_norm: dict | None):
         self.cfg, self.trainer, self.parts, self.metrics, self.invariants = cfg, trainer, parts, metrics, invariants
+        self.obs_norm = obs_norm
         self.path = run_dir / "checkpoints" / "last.pt"
         self.interval_s = cfg.checkpoint.interval_s
         self._last = time.monotonic()
@@ -209,7 +222,9 @@ class Checkpointer:
             "stepper": trainer.optimization_stepper.state_dict() if trainer.optimization_stepper else None,
             "target_updates": parts.target_updater.updates,
             "exploration": parts.exploration.state_dict() if parts.exploration is not None else None,
-            "replay": trainer.replay_buffer.state_dict() if self.cfg.replay.in_checkpoint else None,
+            "obs_norm": self.obs_norm,
+            "replay": (engine.replay_state(self.cfg, trainer.replay_buffer)
+                       if self.cfg.replay.in_checkpoint or self.cfg.replay.storage == "memmap" else None),
             "rng": torch.get_rng_state(),
         }
         save_checkpoint(self.path, state)
@@ -217,7 +232,7 @@ class Checkpointer:
         return self.path
 
 
-def _restore(checkpoint: dict, trainer, parts: AlgoParts) -> None:
+def _restore(cfg: DictConfig, checkpoint: dict, trainer, parts: AlgoParts, run_dir: Path) -> None:
     """Load a checkpoint's weights, optimisers, exploration state, counters and (if saved) replay."""
     parts.loss.load_state_dict(checkpoint["loss"])
     for name, opt in parts.optimizers.items():
@@ -228,7 +243,7 @@ def _restore(checkpoint: dict, trainer, parts: AlgoParts) -> None:
     if parts.exploration is not None:
         parts.exploration.load_state_dict(checkpoint["exploration"])
     if checkpoint["replay"] is not None:
-        trainer.replay_buffer.load_state_dict(checkpoint["replay"])
+        engine.restore_replay(cfg, trainer.replay_buffer, checkpoint["replay"], run_dir)
     counters = checkpoint["counters"]
     trainer.collected_frames = counters["collected_frames"]
     trainer._optim_count = counters["optim_steps"]
@@ -246,15 +261,15 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
     """Run one training job described by ``cfg``; returns the summary (also written to ``summary.json``)."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    env = engine.make_train_env(cfg)
+    env = engine.make_train_env(cfg, checkpoint["obs_norm"] if checkpoint is not None else None)
     _check_action_space(cfg, env)
     run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{_env_tag(cfg.env.name)}")
     parts = build_parts(cfg, env)
     collector = engine.make_collector(cfg, env, parts.collect_policy)
-    replay = engine.make_replay_buffer(cfg)
+    replay = engine.make_replay_buffer(cfg, run_dir)
     trainer = engine.make_trainer(cfg, parts, collector, replay)
     if checkpoint is not None:
-        _restore(checkpoint, trainer, parts)
+        _restore(cfg, checkpoint, trainer, parts, run_dir)
     counters = checkpoint["counters"] if checkpoint is not None else {}
     steps = engine.optim_steps_per_batch(cfg)
     print(f"offpolicy {cfg.algo} on {cfg.env.name}: UTD {cfg.optim.utd_ratio:g} optimiser steps per collected "
@@ -265,7 +280,7 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
 
     logger = SharedLogger(make_logger(cfg.logger.backend, run_dir, config=OmegaConf.to_container(cfg, resolve=True)))
     trainer.register_op("batch_process", PrefillGate(trainer, cfg.collector.prefill_frames, steps))
-    invariants = Invariants(trainer, batch_size=cfg.optim.batch_size, steps_per_batch=steps,
+    invariants = Invariants(trainer, sample_shape=engine.sample_shape(cfg), steps_per_batch=steps,
                             prefill_frames=cfg.collector.prefill_frames, check_every=cfg.invariants.check_every,
                             version_offset=counters.get("batches", 0))
     invariants.register(trainer)
@@ -276,12 +291,14 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
     if parts.exploration is not None and not parts.discrete:
         trainer.register_op("post_steps", AnnealExploration(trainer, parts.exploration))
     video_dir = run_dir / "videos" if cfg.eval.video else None
-    evaluator = AsyncEvaluator(lambda render: engine.make_eval_env(cfg, render=render), parts.eval_policy, logger,
+    norm = engine.obs_norm_state(env)
+    evaluator = AsyncEvaluator(lambda render: engine.make_eval_env(cfg, render=render, obs_norm=norm),
+                               parts.eval_policy, logger,
                                episodes=cfg.eval.episodes, max_steps=cfg.eval.max_episode_steps, video_dir=video_dir)
     if cfg.eval.interval_frames:
         trainer.register_op("post_steps", PeriodicEval(trainer, evaluator, parts.eval_policy,
                                                        cfg.eval.interval_frames))
-    checkpointer = Checkpointer(cfg, run_dir, trainer, parts, metrics, invariants)
+    checkpointer = Checkpointer(cfg, run_dir, trainer, parts, metrics, invariants, obs_norm=norm)
     trainer.register_op("post_steps", checkpointer.maybe_save)
 
     status, error = "completed", None

@@ -80,7 +80,7 @@ class PerNetworkStepper(OptimizationStepper):
             group.optimizer.zero_grad(set_to_none=True)
         replay = getattr(trainer, "replay_buffer", None)
         if replay is not None and hasattr(replay, "update_tensordict_priority") and "td_error" in sub_batch.keys():
-            replay.update_tensordict_priority(sub_batch)
+            replay.update_tensordict_priority(sub_batch.reshape(-1))  # sliced batches are [n, slice_len]
         for key in self.latest:
             if key in losses.keys():
                 self.latest[key] = losses[key].detach()

@@ -1,4 +1,4 @@
-"""Networks shared by both engines: Atari conv trunks, the Atari actor-critic, MLP builders."""
+"""Networks shared by both engines: Atari conv trunks, the pixel encoder, the Atari actor-critic, MLP builders."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -49,6 +49,18 @@ class AtariTrunk(nn.Module):
         batch = frames.shape[:-3]
         x = frames.reshape(-1, *frames.shape[-3:]).float().div_(255.0)  # .float() keeps the memory format
         return self.net(x).reshape(*batch, self.out_features)
+
+
+class PixelEncoder(AtariTrunk):
+    """Conv encoder for camera-image observations (``make_env(..., from_pixels=True)``): uint8 ``[..., C, H, W]``
+    (any leading batch dims, scaled by 1/255 inside) -> float features ``[..., out_features]``.
+
+    The :class:`AtariTrunk` convolutions sized for ``image_size``; at 64x64 the Nature CNN ends on a 4x4x64 map
+    (512 features) and the small one on 6x6x32 (256 features).
+    """
+
+    def __init__(self, in_channels: int = 3, image_size: int = 64, arch: str = "nature"):
+        super().__init__(in_channels, image_size, arch)
 
 
 def to_channels_last(frames: torch.Tensor) -> torch.Tensor:

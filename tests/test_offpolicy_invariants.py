@@ -21,8 +21,8 @@ def _run(tmp_path):
 def _patch_buffer(monkeypatch, method, wrap):
     real = engine.make_replay_buffer
 
-    def make(cfg):
-        rb = real(cfg)
+    def make(cfg, run_dir=None):
+        rb = real(cfg, run_dir)
         setattr(rb, method, wrap(getattr(rb, method)))
         return rb
 
@@ -74,8 +74,8 @@ def test_non_finite_metric_stops_the_run(tmp_path, monkeypatch):
 
     real = engine.make_train_env
 
-    def make(cfg):
-        env = real(cfg)
+    def make(cfg, obs_norm_state=None):
+        env = real(cfg, obs_norm_state)
         env.append_transform(RewardScaling(loc=0.0, scale=float("nan")))  # every reward becomes NaN
         return env
 

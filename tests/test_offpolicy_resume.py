@@ -53,7 +53,7 @@ def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
     collector = engine.make_collector(cfg, env, parts.collect_policy)
     trainer = engine.make_trainer(cfg, parts, collector, engine.make_replay_buffer(cfg))
     try:
-        _restore(ckpt, trainer, parts)
+        _restore(cfg, ckpt, trainer, parts, tmp_path)
         state = parts.loss.state_dict()
         assert all(torch.equal(state[k], v) for k, v in ckpt["loss"].items())
         assert parts.optimizers["q"].state_dict()["state"][0]["step"] == 50

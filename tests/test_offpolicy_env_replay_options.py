@@ -1,0 +1,111 @@
+"""Env and replay options of the off-policy engine: observation normalisation (statistics from init steps, kept in
+checkpoints, used by the evaluation env), memmap replay (files on disk, reopened on resume, reruns into the same
+dir), and parallel envs (serial or one process per env)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from offpolicy_helpers import summary, train_inprocess
+
+from offpolicy import engine
+from offpolicy.train import compose_config
+from shared.checkpoint import load_checkpoint
+
+
+def _cfg(*overrides):
+    cfg, _ = compose_config(["algo=sac", "env=Pendulum-v1", "profile=smoke", *overrides])
+    return cfg
+
+
+def test_obs_norm_standardises_observations():
+    torch.manual_seed(0)
+    env = engine.make_train_env(_cfg("env.obs_norm=true", "env.obs_norm_init_steps=1000"))
+    stats = engine.obs_norm_state(env)
+    # replay the init steps: same env seed, same random actions (torch seed), rollouts until 1000 steps
+    torch.manual_seed(0)
+    raw = engine.make_train_env(_cfg())
+    try:
+        data, steps = [], 0
+        while steps < 1000:
+            obs = raw.rollout(1000)["observation"]
+            steps += obs.shape[0]
+            data.append(obs)
+        init_data = torch.cat(data)
+        normed = (init_data - stats["loc"]) / stats["scale"]
+        assert torch.allclose(normed.mean(0), torch.zeros(3), atol=1e-4), normed.mean(0)
+        assert torch.allclose(normed.std(0), torch.ones(3), atol=1e-2), normed.std(0)
+        assert init_data.std(0).max() > 1.5  # Pendulum's angular velocity is far from standardised by itself
+    finally:
+        env.close()
+        raw.close()
+
+
+def test_obs_norm_statistics_are_checkpointed_and_used_for_evaluation(tmp_path):
+    run = tmp_path / "run"
+    s = train_inprocess("algo=sac", "env=Pendulum-v1", "profile=smoke", "env.obs_norm=true", f"run_dir={run}")
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    stats = ckpt["obs_norm"]
+    assert {"loc", "scale"} <= set(stats) and stats["loc"].shape == (3,) and (stats["scale"] > 0).all()
+    cfg = _cfg("env.obs_norm=true")
+    eval_env = engine.make_eval_env(cfg, obs_norm=stats)
+    plain = engine.make_eval_env(cfg)
+    try:
+        normed, raw = eval_env.reset()["observation"], plain.reset()["observation"]  # same seed, same start
+        assert torch.allclose(normed, (raw - stats["loc"]) / stats["scale"], atol=1e-5)
+    finally:
+        eval_env.close()
+        plain.close()
+    # a resumed run keeps the statistics instead of recomputing them
+    resumed = train_inprocess(f"resume={run / 'checkpoints' / 'last.pt'}", "total_frames=400")
+    assert resumed["frames"] == 400 and s["frames"] == 300
+    again = load_checkpoint(run / "checkpoints" / "last.pt")["obs_norm"]
+    assert torch.equal(again["loc"], stats["loc"]) and torch.equal(again["scale"], stats["scale"])
+
+
+def test_memmap_replay_is_on_disk_reopened_on_resume_and_rerun(tmp_path):
+    run = tmp_path / "run"
+    args = ("algo=sac", "env=Pendulum-v1", "profile=smoke", "replay.storage=memmap", f"run_dir={run}")
+    first = train_inprocess(*args)
+    files = sorted(p.name for p in (run / "replay").rglob("*.memmap"))
+    assert "observation.memmap" in files and "action.memmap" in files
+    from tensordict import TensorDict
+
+    on_disk = TensorDict.load_memmap(run / "replay")
+    assert on_disk.shape == (10_000,)  # replay.size of the smoke profile, preallocated on disk
+    written = on_disk["observation"][:300].clone()
+    assert written.abs().sum() > 0
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert ckpt["replay"]["_storage"]["_len"] == 300 and "_storage" not in ckpt["replay"]["_storage"]
+    # resume: the buffer reopens the files (300 transitions) and appends 100 more
+    resumed = train_inprocess(f"resume={run / 'checkpoints' / 'last.pt'}", "total_frames=400")
+    assert first["replay_writes"] == 300 and resumed["replay_writes"] == 400
+    reopened = TensorDict.load_memmap(run / "replay")
+    assert torch.equal(reopened["observation"][:300], written)  # the old data was kept, not overwritten
+    # a fresh run into the same directory works (overwrites)
+    rerun = train_inprocess(*args)
+    assert rerun["status"] == "completed" and rerun["replay_writes"] == 300
+
+
+@pytest.mark.parametrize("vector", ["serial", "process"])
+def test_parallel_envs_collect_num_envs_trajectories(vector):
+    cfg = _cfg("env.num_envs=2", f"env.vector={vector}", "collector.frames_per_batch=100")
+    env = engine.make_train_env(cfg)
+    from offpolicy.algorithms import build_parts
+
+    parts = build_parts(cfg, env)
+    collector = engine.make_collector(cfg, env, parts.collect_policy)
+    try:
+        batch = next(iter(collector))
+    finally:
+        collector.shutdown()
+    assert batch.batch_size == (2, 50)
+    assert not torch.allclose(batch["observation"][0], batch["observation"][1])  # seeded apart
+    assert (batch["collector", "traj_ids"][0] != batch["collector", "traj_ids"][1]).all()
+    assert batch.reshape(-1).batch_size == (100,)
+
+
+def test_smoke_run_with_parallel_envs(tmp_path):
+    s = train_inprocess("algo=td3", "env=Pendulum-v1", "profile=smoke", "env.num_envs=2", "env.vector=process",
+                        f"run_dir={tmp_path}")
+    assert s["status"] == "completed" and s["frames"] == 300 and s["replay_writes"] == 300
+    assert summary(tmp_path)["batches"] == 3

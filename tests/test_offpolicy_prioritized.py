@@ -1,0 +1,149 @@
+"""The pure-torch prioritized sampler inside a real torchrl TensorDictReplayBuffer: uniform before any update,
+P(i) = p_i^alpha / sum after, importance weights (p_i / p_min)^(-alpha*beta) under "priority_weight", applied by a
+torchrl loss, priorities kept by state_dict and correct after the FIFO wraps around."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+from offpolicy.prioritized import TorchPrioritizedSampler
+
+N, B, ALPHA, BETA = 100, 5000, 0.7, 0.5
+HOT = torch.tensor([3, 17, 42])
+
+
+def _data(n: int, start: int = 0) -> TensorDict:
+    """``n`` CartPole-shaped transitions; observation[:, 0] is the write count, to tell old from new items."""
+    obs = torch.randn(n, 4)
+    obs[:, 0] = torch.arange(start, start + n, dtype=torch.float)
+    action = torch.nn.functional.one_hot(torch.randint(2, (n,)), 2)
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    return TensorDict({"observation": obs, "action": action,
+                       "next": {"observation": torch.randn(n, 4), "reward": torch.randn(n, 1), "done": done,
+                                "terminated": done.clone()}}, [n])
+
+
+def _buffer(n_items: int = N) -> TensorDictReplayBuffer:
+    torch.manual_seed(0)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(N), sampler=TorchPrioritizedSampler(N, alpha=ALPHA, beta=BETA),
+                                batch_size=B)
+    rb.extend(_data(n_items))
+    return rb
+
+
+def _counts(rb: TensorDictReplayBuffer, calls: int = 20) -> torch.Tensor:
+    idx = torch.cat([rb.sample()["index"] for _ in range(calls)])
+    return torch.bincount(idx, minlength=N).double() / idx.numel()
+
+
+def _heat(rb: TensorDictReplayBuffer, td_error: float = 10.0) -> None:
+    """Give the HOT items a large TD error the way a training loop does: a tensordict with "index" and "td_error"."""
+    rb.update_tensordict_priority(TensorDict({"index": HOT, "td_error": torch.full((3,), td_error)}, [3]))
+
+
+def _expected_p(n: int = N, hot=HOT, td_error: float = 10.0) -> torch.Tensor:
+    p = torch.ones(n, dtype=torch.double)  # new items got the initial max priority 1 -> (1 + eps)^alpha ~ 1
+    p[hot] = (td_error + 1e-8) ** ALPHA
+    return p / p.sum()
+
+
+def test_is_a_torchrl_prioritized_sampler_and_uniform_before_updates():
+    from torchrl.data import PrioritizedSampler
+
+    rb = _buffer()
+    assert isinstance(rb.sampler, PrioritizedSampler)
+    freq = _counts(rb)
+    assert (freq - 1 / N).abs().max() < 0.25 / N  # 100k draws: ~3% std per item
+    assert torch.equal(rb.sample()["priority_weight"], torch.ones(B))
+
+
+def test_high_td_error_items_are_sampled_in_proportion_to_p_alpha():
+    rb = _buffer()
+    _heat(rb)
+    freq, expected = _counts(rb), _expected_p()
+    assert expected[HOT].sum() > 0.12  # ~0.134 vs 0.03 uniform: the check below can tell the two apart
+    assert torch.allclose(freq[HOT], expected[HOT], rtol=0.1)
+    assert freq[HOT].sum() == pytest.approx(expected[HOT].sum().item(), rel=0.05)
+    cold = torch.ones(N, dtype=torch.bool)
+    cold[HOT] = False
+    assert (freq[cold] - expected[cold]).abs().max() < 0.3 * expected[cold][0]
+    assert rb.sampler.default_priority == pytest.approx(10.0)  # new items now enter at the max priority
+
+
+def test_sample_carries_importance_weights_of_the_formula():
+    rb = _buffer()
+    _heat(rb)
+    sample = rb.sample()
+    idx, w = sample["index"], sample["priority_weight"]
+    p_alpha = torch.ones(N)
+    p_alpha[HOT] = 10.0 ** ALPHA
+    assert torch.allclose(w, (p_alpha[idx] / p_alpha.min()) ** -BETA)
+    is_hot = torch.isin(idx, HOT)
+    assert is_hot.any() and (~is_hot).any()
+    assert torch.all(w[~is_hot] == 1.0)
+    assert torch.allclose(w[is_hot], torch.tensor(10.0 ** (-ALPHA * BETA)))  # ~0.447
+    assert sample.get("priority_weight").shape == (B,) and "index" in sample
+
+
+def test_dqn_loss_applies_the_weights_and_its_td_error_feeds_back():
+    from torchrl.data import OneHot
+    from torchrl.modules import MLP, QValueActor
+    from torchrl.objectives import DQNLoss
+
+    rb = _buffer()
+    _heat(rb)
+    spec = OneHot(2)
+    qnet = QValueActor(MLP(in_features=4, out_features=2, num_cells=[8]), in_keys=["observation"], spec=spec)
+    loss_mean = DQNLoss(qnet, action_space=spec, delay_value=False, loss_function="l2")
+    loss_none = DQNLoss(qnet, action_space=spec, delay_value=False, loss_function="l2", reduction="none")
+    sample = rb.sample()
+    w = sample["priority_weight"]
+    assert torch.equal(loss_mean._maybe_get_priority_weight(sample), w)
+    per_item = loss_none(sample.exclude("priority_weight"))["loss"]
+    weighted = loss_mean(sample)["loss"]
+    unweighted = loss_mean(sample.exclude("priority_weight"))["loss"]
+    assert torch.allclose(weighted, (per_item * w).sum() / w.sum())
+    assert not torch.allclose(weighted, unweighted)
+    # the loss wrote its TD error under "td_error"; the buffer turns it into the new priorities of those items
+    td_error = sample["td_error"].reshape(B)
+    rb.update_tensordict_priority(sample)
+    assert torch.allclose(rb.sampler._sum_tree.values[sample["index"]], (td_error + 1e-8) ** ALPHA)
+
+
+def test_state_dict_round_trip_keeps_priorities(tmp_path):
+    from shared.checkpoint import load_checkpoint, save_checkpoint
+
+    rb = _buffer()
+    _heat(rb)
+    save_checkpoint(tmp_path / "ckpt.pt", {"replay": rb.state_dict()})
+    fresh = TensorDictReplayBuffer(storage=LazyTensorStorage(N), sampler=TorchPrioritizedSampler(N, alpha=ALPHA, beta=BETA),
+                                   batch_size=B)
+    fresh.load_state_dict(load_checkpoint(tmp_path / "ckpt.pt")["replay"])
+    assert torch.equal(fresh.sampler._sum_tree.values, rb.sampler._sum_tree.values)
+    assert fresh.sampler.default_priority == pytest.approx(10.0)
+    assert torch.allclose(_counts(fresh)[HOT], _expected_p()[HOT], rtol=0.1)
+    fresh.extend(_data(1, start=N))  # slot 0, overwritten: enters at the restored max priority
+    assert fresh.sampler._sum_tree.values[0] == pytest.approx(10.0 ** ALPHA)
+
+
+def test_after_wrap_around_new_items_take_the_max_priority():
+    rb = _buffer()
+    _heat(rb)
+    rb.extend(_data(30, start=N))  # overwrites slots 0..29 (FIFO), each at the max priority 10
+    assert len(rb) == N
+    hot = torch.cat([torch.arange(30), HOT[HOT >= 30]])
+    freq, expected = _counts(rb), _expected_p(hot=hot)
+    assert torch.allclose(freq[hot], expected[hot], rtol=0.15)
+    assert freq[hot].sum() == pytest.approx(expected[hot].sum().item(), rel=0.05)
+    sample = rb.sample()
+    new = sample["index"] < 30
+    assert torch.equal(sample["observation"][new, 0], sample["index"][new].float() + N)  # the new data, not the old
+
+
+def test_sampling_only_covers_the_filled_part():
+    rb = _buffer(n_items=10)
+    _heat(rb)  # slots 17 and 42 are empty: their priority must not make them sampleable
+    idx = rb.sample()["index"]
+    assert idx.max() < 10 and len(rb) == 10
