@@ -1,8 +1,8 @@
 """What prioritized replay costs (a figure, not a test): sample calls and priority updates per second of a
 TensorDictReplayBuffer holding 1,000,000 HalfCheetah-sized transitions (observation 17, action 6, reward, done, next
-observation), batch 256, with offpolicy.prioritized.TorchPrioritizedSampler (alpha 0.6, beta 0.4, random priorities)
-and, for comparison, torchrl's uniform RandomSampler (whose update_tensordict_priority returns at once: it is
-not a PrioritizedSampler). Wall clock (time.perf_counter), one torch thread.
+observation), batch 256, with offpolicy.prioritized.TorchPrioritizedSampler (torchrl's PrioritizedSampler on
+pure-torch segment trees; alpha 0.6, beta 0.4, random priorities) and, for comparison, torchrl's uniform
+RandomSampler (whose update_tensordict_priority returns at once: it is not a PrioritizedSampler). Wall clock (time.perf_counter), one torch thread.
 
     nice -n 5 python benchmarks/offpolicy_prioritized_replay.py [capacity=1000000]
 

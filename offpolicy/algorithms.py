@@ -17,7 +17,7 @@ from torch import nn
 from torchrl.trainers.algorithms import DDPGTrainer
 
 from offpolicy.updates import OptimGroup, PerNetworkStepper, TargetUpdate
-from shared.models import AtariTrunk, mlp
+from shared.models import AtariTrunk, PixelEncoder, mlp
 
 ALGOS = ("dqn", "sac", "ddpg", "td3")
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
@@ -105,24 +105,52 @@ def _hidden(cfg):
     return tuple(int(h) for h in cfg.model.hidden)
 
 
-def _continuous_actor(cfg, obs_dim: int, action_spec) -> TensorDictSequential:
+def _features(obs_spec) -> tuple[nn.Module, int]:
+    """The observation's feature extractor and its width: a conv encoder for camera images (uint8 [C, H, W]),
+    nothing for state vectors."""
+    if obs_spec.dtype == torch.uint8:
+        encoder = PixelEncoder(obs_spec.shape[-3], obs_spec.shape[-1])
+        return encoder, encoder.out_features
+    return nn.Identity(), obs_spec.shape[-1]
+
+
+def _obs_net(cfg, obs_spec, out_features: int) -> nn.Module:
+    """``observation -> out_features``: features (for images, a conv encoder) then the configured MLP."""
+    features, width = _features(obs_spec)
+    return nn.Sequential(features, mlp(width, out_features, _hidden(cfg), _act(cfg)))
+
+
+class _QHead(nn.Module):
+    """``Q(observation, action)``: the observation's features concatenated with the action into an MLP."""
+
+    def __init__(self, cfg, obs_spec, action_dim: int):
+        from torchrl.modules import MLP
+
+        super().__init__()
+        self.features, width = _features(obs_spec)
+        # torchrl's MLP concatenates its inputs (features, action)
+        self.head = MLP(in_features=width + action_dim, out_features=1, num_cells=list(_hidden(cfg)),
+                        activation_class=_act(cfg))
+
+    def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(observation), action)
+
+
+def _continuous_actor(cfg, obs_spec, action_spec) -> TensorDictSequential:
     """Deterministic actor ``observation -> action`` squashed into the action bounds (TD3, DDPG)."""
     from torchrl.modules import TanhModule
 
-    net = mlp(obs_dim, action_spec.shape[-1], _hidden(cfg), _act(cfg))
     return TensorDictSequential(
-        TensorDictModule(net, in_keys=["observation"], out_keys=["action_param"]),
+        TensorDictModule(_obs_net(cfg, obs_spec, action_spec.shape[-1]), in_keys=["observation"],
+                         out_keys=["action_param"]),
         TanhModule(in_keys=["action_param"], out_keys=["action"], spec=action_spec),
     )
 
 
-def _qvalue(cfg, obs_dim: int, action_dim: int):
-    from torchrl.modules import MLP, ValueOperator
+def _qvalue(cfg, obs_spec, action_dim: int):
+    from torchrl.modules import ValueOperator
 
-    # torchrl's MLP concatenates its inputs (observation, action); shared.models.mlp takes one tensor
-    net = MLP(in_features=obs_dim + action_dim, out_features=1, num_cells=list(_hidden(cfg)),
-              activation_class=_act(cfg))
-    return ValueOperator(net, in_keys=["observation", "action"])
+    return ValueOperator(_QHead(cfg, obs_spec, action_dim), in_keys=["observation", "action"])
 
 
 def _noise(cfg_section, action_spec, anneal_frames: int):
@@ -178,15 +206,15 @@ def _sac(cfg, env) -> AlgoParts:
     from torchrl.trainers.algorithms import SACTrainer
 
     obs_spec, action_spec = _specs(env)
-    obs_dim, action_dim = obs_spec.shape[-1], action_spec.shape[-1]
-    net = nn.Sequential(mlp(obs_dim, 2 * action_dim, _hidden(cfg), _act(cfg)), NormalParamExtractor())
+    action_dim = action_spec.shape[-1]
+    net = nn.Sequential(_obs_net(cfg, obs_spec, 2 * action_dim), NormalParamExtractor())
     actor = ProbabilisticActor(
         TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"]),
         in_keys=["loc", "scale"], spec=action_spec, distribution_class=TanhNormal,
         distribution_kwargs={"low": action_spec.space.low, "high": action_spec.space.high},
         return_log_prob=False,
     )
-    loss = make_loss(cfg, actor, _qvalue(cfg, obs_dim, action_dim), action_spec)
+    loss = make_loss(cfg, actor, _qvalue(cfg, obs_spec, action_dim), action_spec)
     groups = _actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue")
     if not cfg.sac.fixed_alpha:
         groups.append(OptimGroup("alpha", torch.optim.Adam([loss.log_alpha], lr=cfg.sac.alpha_lr), ("loss_alpha",)))
@@ -200,10 +228,10 @@ def _sac(cfg, env) -> AlgoParts:
 
 def _ddpg(cfg, env) -> AlgoParts:
     obs_spec, action_spec = _specs(env)
-    obs_dim, action_dim = obs_spec.shape[-1], action_spec.shape[-1]
-    actor = _continuous_actor(cfg, obs_dim, action_spec)
+    action_dim = action_spec.shape[-1]
+    actor = _continuous_actor(cfg, obs_spec, action_spec)
     noise = _noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_frames)
-    loss = make_loss(cfg, actor, _qvalue(cfg, obs_dim, action_dim), action_spec)
+    loss = make_loss(cfg, actor, _qvalue(cfg, obs_spec, action_dim), action_spec)
     groups = _actor_critic_groups(cfg, loss, loss.value_network_params, "loss_value")
     return AlgoParts(
         collect_policy=actor if noise is None else TensorDictSequential(actor, noise), eval_policy=actor,
@@ -218,10 +246,10 @@ def _td3(cfg, env) -> AlgoParts:
     from torchrl.trainers.algorithms.td3 import TD3Trainer
 
     obs_spec, action_spec = _specs(env)
-    obs_dim, action_dim = obs_spec.shape[-1], action_spec.shape[-1]
-    actor = _continuous_actor(cfg, obs_dim, action_spec)
+    action_dim = action_spec.shape[-1]
+    actor = _continuous_actor(cfg, obs_spec, action_spec)
     noise = _noise(cfg.td3, action_spec, cfg.td3.anneal_frames)
-    loss = make_loss(cfg, actor, _qvalue(cfg, obs_dim, action_dim), action_spec)
+    loss = make_loss(cfg, actor, _qvalue(cfg, obs_spec, action_dim), action_spec)
     groups = _actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue",
                                   actor_every=cfg.td3.policy_delay)
     stepper = PerNetworkStepper(groups, critic_only_method="value_loss")

@@ -28,6 +28,10 @@ def _atari_settings(cfg: DictConfig) -> AtariSettings:
     return AtariSettings.from_config({"name": cfg.env.name, **cfg.env.atari})
 
 
+def _pixels(cfg: DictConfig) -> dict:
+    return {"from_pixels": cfg.env.from_pixels, "image_size": cfg.env.image_size}
+
+
 def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None):
     """The training env: ``cfg.env.num_envs`` copies stepped together (in this process or one process each,
     ``env.vector``), seeded with ``cfg.seed``; with ``env.obs_norm`` observations are standardised with statistics
@@ -36,10 +40,11 @@ def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None):
 
     n = cfg.env.num_envs
     if is_atari(cfg) or n == 1:  # AtariVectorEnv batches its games itself
-        base = make_env(cfg.env.name, seed=cfg.seed, num_envs=n, atari=_atari_settings(cfg), train=True)
+        base = make_env(cfg.env.name, seed=cfg.seed, num_envs=n, atari=_atari_settings(cfg), train=True,
+                        **_pixels(cfg))
     else:
         batched = ParallelEnv if cfg.env.vector == "process" else SerialEnv
-        base = batched(n, partial(make_env, cfg.env.name, seed=cfg.seed, train=True))
+        base = batched(n, partial(make_env, cfg.env.name, seed=cfg.seed, train=True, **_pixels(cfg)))
         base.set_seed(cfg.seed)  # copy i gets seed + i
     # StepCounter: episode lengths for train/episode_length; InitTracker: Ornstein-Uhlenbeck noise resets on is_init
     env = base if isinstance(base, TransformedEnv) else TransformedEnv(base)  # nesting TransformedEnvs warns
@@ -66,7 +71,7 @@ def make_eval_env(cfg: DictConfig, *, render: bool = False, obs_norm: dict | Non
     """The evaluation env: one copy, seeded apart from training; Atari plays whole games with raw scores.
     ``obs_norm`` (from :func:`obs_norm_state`) standardises observations as in training."""
     env = make_env(cfg.env.name, seed=cfg.seed + 10_000, num_envs=1, render=render, atari=_atari_settings(cfg),
-                   train=False)
+                   train=False, **_pixels(cfg))
     if obs_norm is not None:
         env.append_transform(_obs_norm(obs_norm))
     return env

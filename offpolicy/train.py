@@ -74,6 +74,7 @@ RULES = {
     "replay.beta": Rule(min=0),
     "replay.slice_len": Rule(min=2, integer=True, nullable=True),
     "env.vector": Rule(choices=("serial", "process")),
+    "env.image_size": Rule(min=36, integer=True),
     "env.obs_norm_init_steps": Rule(min=2, integer=True),
     "eval.interval_frames": Rule(min=0, integer=True),
     "eval.episodes": Rule(min=1, integer=True),
@@ -133,6 +134,9 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if cfg.loss.value_estimator != "td0" and not cfg.replay.slice_len:
         raise ConfigError(f"loss.value_estimator={cfg.loss.value_estimator} is not allowed without "
                           "replay.slice_len; allowed: td0, or set replay.slice_len so targets run along trajectories")
+    if cfg.env.from_pixels and cfg.env.obs_norm:
+        raise ConfigError("env.obs_norm=true is not allowed with env.from_pixels=true; allowed: obs_norm for state "
+                          "observations (images are scaled by 1/255 in the encoder)")
     if cfg.collector.prefill_frames > cfg.replay.size:
         raise ConfigError(f"collector.prefill_frames={cfg.collector.prefill_frames} is not allowed; allowed: <= "
                           f"replay.size={cfg.replay.size}")

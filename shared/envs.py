@@ -215,13 +215,6 @@ def check_gym_name(name: str) -> None:
                           "(a dm_control task is dmc:<domain>-<task>)")
 
 
-def check_env_name(name: str) -> None:
-    """Raise ConfigError unless ``name`` is an ALE game, a Gymnasium id or a dm_control task (``dmc:<domain>-<task>``)."""
-    if not is_dmc(name) and name not in _gym_ids() and atari_rom(str(name)) is not None:
-        return
-    check_gym_name(name)
-
-
 def _headless_gl() -> None:
     """Render MuJoCo offscreen through EGL when no backend is chosen and there is no display (set before the first
     MuJoCo/dm_control render context is made)."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from shared.config import ConfigError
-from shared.envs import check_env_name, check_gym_name, make_env
+from shared.envs import check_gym_name, make_env
 from shared.models import PixelEncoder
 
 
@@ -30,11 +30,11 @@ def test_dmc_task_rollout_concatenates_observations():
 def test_dmc_names_are_checked():
     pytest.importorskip("dm_control")
     check_gym_name("dmc:ball_in_cup-catch")  # underscores in the domain
-    check_env_name("dmc:walker-walk")
+    check_gym_name("dmc:walker-walk")
     with pytest.raises(ConfigError, match="dmc:cartpole-swingup"):
         check_gym_name("dmc:cartpole-jump")  # lists the domain's tasks
     with pytest.raises(ConfigError, match="cheetah"):
-        check_env_name("dmc:spaceship-fly")  # lists the domains
+        check_gym_name("dmc:spaceship-fly")  # lists the domains
 
 
 def test_missing_dm_control_is_a_one_line_error_naming_the_extra(monkeypatch):

@@ -109,3 +109,37 @@ def test_smoke_run_with_parallel_envs(tmp_path):
                         f"run_dir={tmp_path}")
     assert s["status"] == "completed" and s["frames"] == 300 and s["replay_writes"] == 300
     assert summary(tmp_path)["batches"] == 3
+
+
+def test_pixel_observations_train_through_a_conv_encoder(tmp_path):
+    from offpolicy.algorithms import build_parts
+    from shared.models import PixelEncoder
+
+    cfg = _cfg("env=HalfCheetah-v5", "env.from_pixels=true")
+    env = engine.make_train_env(cfg)
+    try:
+        spec = env.observation_spec_unbatched["observation"]
+        assert spec.dtype == torch.uint8 and tuple(spec.shape) == (3, 64, 64)
+        parts = build_parts(cfg, env)
+        assert any(isinstance(m, PixelEncoder) for m in parts.loss.actor_network.modules())
+        assert any(isinstance(m, PixelEncoder) for m in parts.loss.qvalue_network.modules())
+    finally:
+        env.close()
+    s = train_inprocess("algo=sac", "env=HalfCheetah-v5", "profile=smoke", "env.from_pixels=true",
+                        f"run_dir={tmp_path}")
+    assert s["status"] == "completed" and s["optim_steps"] == 200 and s["eval_return_last"] is not None
+
+
+def test_ddpg_with_td1_prioritized_memmap_and_obs_norm_together(tmp_path):
+    from offpolicy_helpers import run_cli
+
+    proc = run_cli("algo=ddpg", "env=Pendulum-v1", "profile=smoke", "loss.value_estimator=td1", "replay.slice_len=8",
+                   "replay.prioritized=true", "replay.storage=memmap", "env.obs_norm=true", f"run_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = summary(tmp_path)
+    assert s["status"] == "completed" and s["replay_writes"] == 300 and s["optim_steps"] == 200
+    assert (tmp_path / "replay" / "observation.memmap").exists()
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert ckpt["obs_norm"]["scale"].shape == (3,)
+    priorities = ckpt["replay"]["_sampler"]["_sum_tree"][:300]
+    assert priorities.min() > 0 and priorities.std() > 0  # the TD errors of 200 steps were written back

@@ -109,7 +109,7 @@ def test_dqn_loss_applies_the_weights_and_its_td_error_feeds_back():
     # the loss wrote its TD error under "td_error"; the buffer turns it into the new priorities of those items
     td_error = sample["td_error"].reshape(B)
     rb.update_tensordict_priority(sample)
-    assert torch.allclose(rb.sampler._sum_tree.values[sample["index"]], (td_error + 1e-8) ** ALPHA)
+    assert torch.allclose(rb.sampler._sum_tree.values.float()[sample["index"]], (td_error + 1e-8) ** ALPHA)
 
 
 def test_state_dict_round_trip_keeps_priorities(tmp_path):
@@ -121,11 +121,11 @@ def test_state_dict_round_trip_keeps_priorities(tmp_path):
     fresh = TensorDictReplayBuffer(storage=LazyTensorStorage(N), sampler=TorchPrioritizedSampler(N, alpha=ALPHA, beta=BETA),
                                    batch_size=B)
     fresh.load_state_dict(load_checkpoint(tmp_path / "ckpt.pt")["replay"])
-    assert torch.equal(fresh.sampler._sum_tree.values, rb.sampler._sum_tree.values)
+    assert torch.equal(fresh.sampler._sum_tree.values.float(), rb.sampler._sum_tree.values.float())
     assert fresh.sampler.default_priority == pytest.approx(10.0)
     assert torch.allclose(_counts(fresh)[HOT], _expected_p()[HOT], rtol=0.1)
     fresh.extend(_data(1, start=N))  # slot 0, overwritten: enters at the restored max priority
-    assert fresh.sampler._sum_tree.values[0] == pytest.approx(10.0 ** ALPHA)
+    assert fresh.sampler._sum_tree.values.float()[0] == pytest.approx(10.0 ** ALPHA)
 
 
 def test_after_wrap_around_new_items_take_the_max_priority():
@@ -147,3 +147,33 @@ def test_sampling_only_covers_the_filled_part():
     _heat(rb)  # slots 17 and 42 are empty: their priority must not make them sampleable
     idx = rb.sample()["index"]
     assert idx.max() < 10 and len(rb) == 10
+
+
+def test_segment_tree_matches_brute_force():
+    from offpolicy.prioritized import TorchSegmentTree
+
+    torch.manual_seed(0)
+    cap = 1000  # not a power of two: padding leaves must stay neutral
+    sums, mins = TorchSegmentTree(cap, "sum"), TorchSegmentTree(cap, "min")
+    values = torch.rand(cap, dtype=torch.float64)
+    sums[torch.arange(cap).numpy()] = values
+    mins[torch.arange(cap).numpy()] = values
+    for _ in range(5):
+        idx = torch.randint(0, cap, (300,))
+        new = torch.rand(300, dtype=torch.float64) * 5
+        new[::7] = 0.0  # zero-priority slots
+        sums[idx.numpy()] = new
+        mins[idx.numpy()] = new
+        values[idx] = new  # last write wins, as in the tree (unique leaves are written in order)
+        values[idx] = torch.as_tensor(sums[idx.numpy()], dtype=torch.float64)
+    assert torch.allclose(sums.values, values)
+    for left, right in [(0, cap), (0, 1), (13, 977), (500, 501), (999, 1000)]:
+        assert sums.query(left, right) == pytest.approx(float(values[left:right].sum()))
+        assert mins.query(left, right) == pytest.approx(float(values[left:right].min()))
+    mass = torch.rand(2000, dtype=torch.float64) * values.sum()
+    expected = torch.searchsorted(values.cumsum(0), mass, right=True).clamp_max(cap - 1)
+    assert torch.equal(torch.as_tensor(sums.scan_lower_bound(mass)), expected)
+    assert (values[torch.as_tensor(sums.scan_lower_bound(mass))] > 0).all()  # zero slots are never drawn
+    rebuilt = TorchSegmentTree(cap, "sum")
+    rebuilt.set_all(values)
+    assert torch.allclose(rebuilt.nodes, sums.nodes)
