@@ -15,8 +15,10 @@ from tensordict import TensorDict
 from shared.evaluation import return_stats, write_video
 
 
-def play_episodes(env, policy, episodes: int, max_steps: int, render: bool = False):
-    """Play ``episodes`` deterministic episodes; return ``(returns, lengths, frames_of_first_episode)``."""
+def play_episodes(env, policy, episodes: int, max_steps: int, render: bool = False,
+                  stop: Callable[[], bool] = lambda: False):
+    """Play ``episodes`` deterministic episodes (fewer if ``stop()`` turns true); return ``(returns, lengths,
+    frames_of_first_episode)``."""
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 
     returns, lengths, frames = [], [], []
@@ -26,6 +28,8 @@ def play_episodes(env, policy, episodes: int, max_steps: int, render: bool = Fal
 
     with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
         for i in range(episodes):
+            if stop():
+                break
             rollout = env.rollout(max_steps, policy, break_when_any_done=True,
                                   callback=grab if (render and i == 0) else None)
             returns.append(float(rollout["next", "reward"].sum()))
@@ -102,7 +106,10 @@ class AsyncEvaluator:
                 os.environ.setdefault("MUJOCO_GL", "egl")
             self._env = self._make_env(render=render)
         weights.to_module(self._policy)
-        returns, lengths, video = play_episodes(self._env, self._policy, episodes, self._max_steps, render)
+        returns, lengths, video = play_episodes(self._env, self._policy, episodes, self._max_steps, render,
+                                                stop=lambda: self._closed)
+        if self._closed:  # cut short by close(): nothing to report
+            return
         stats = return_stats(returns)
         stats["length"] = float(np.mean(lengths))
         self.results.append((frames, stats))

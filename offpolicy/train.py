@@ -332,11 +332,23 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
         path = checkpointer.save()
 
     frames = trainer.collected_frames
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    for sig in previous:  # Ctrl-C / SIGTERM during the final evaluation: stop it, still write the summary
+        signal.signal(sig, interrupt)
     try:
         if status == "completed" and cfg.eval.final_episodes:
+            print(f"final evaluation: {cfg.eval.final_episodes} episodes", flush=True)
             evaluator.submit(frames, parts.eval_policy, episodes=cfg.eval.final_episodes)
         evaluator.wait()
+    except KeyboardInterrupt:
+        status = "interrupted"
+        print("\ninterrupted during the final evaluation (training was complete)", file=sys.stderr)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         evaluator.close()
         logger.close()
     evals = [stats["return"] for _, stats in evaluator.results]

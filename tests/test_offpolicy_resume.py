@@ -92,3 +92,29 @@ def test_ctrl_c_stops_cleanly_and_saves(tmp_path):
     ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert ckpt["counters"]["collected_frames"] == s["frames"]
     assert ckpt["counters"]["optim_steps"] == s["optim_steps"]
+
+
+def test_ctrl_c_during_the_final_evaluation_still_writes_the_summary(tmp_path):
+    run_dir = tmp_path / "run"
+    log = tmp_path / "log.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "offpolicy.train", *ARGS, "eval.final_episodes=100000",
+                             f"run_dir={run_dir}"], cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and "final evaluation:" not in log.read_text():
+            time.sleep(0.2)
+        assert proc.poll() is None, log.read_text()[-2000:]
+        time.sleep(1.0)  # inside the evaluation's episodes
+        started = time.time()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+        stopped_in = time.time() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130 and stopped_in < 10, log.read_text()[-2000:]
+    assert "Traceback" not in log.read_text()
+    s = summary(run_dir)
+    assert s["status"] == "interrupted" and s["frames"] == 300  # training had finished (smoke: 300 frames)
+    assert (run_dir / "checkpoints" / "last.pt").exists() and (run_dir / "curves.png").exists()
