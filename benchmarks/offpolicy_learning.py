@@ -28,6 +28,9 @@ CASES = {
     "sac-pendulum": (["algo=sac", *PENDULUM], -200.0, 20_000),
     "td3-pendulum": (["algo=td3", *PENDULUM], -200.0, 20_000),
     "ddpg-pendulum": (["algo=ddpg", *PENDULUM], -200.0, 20_000),
+    # the DDPG tutorial's data pipeline together: TD(lambda) on 8-step slices, prioritized memmap replay, ObservationNorm
+    "ddpg-pendulum-options": (["algo=ddpg", *PENDULUM, "loss.value_estimator=tdlambda", "replay.slice_len=8",
+                               "replay.prioritized=true", "replay.storage=memmap", "env.obs_norm=true"], -200.0, 20_000),
     "sac-halfcheetah": (["algo=sac", "env=HalfCheetah-v5", "total_frames=1000000", "eval.interval_frames=10000",
                          "checkpoint.interval_s=300"], None, 1_000_000),
     "td3-halfcheetah": (["algo=td3", "env=HalfCheetah-v5", "total_frames=1000000", "eval.interval_frames=10000",
@@ -55,7 +58,8 @@ def run_case(name: str, extra: list[str]) -> dict:
     summary = run_dir / "summary.json"
     if summary.exists():
         result["summary"] = json.loads(summary.read_text())
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # keep the results folder small
+    for bulky in ("checkpoints", "replay"):  # keep the results folder small (replay: memmap files)
+        shutil.rmtree(run_dir / bulky, ignore_errors=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
     return result
 

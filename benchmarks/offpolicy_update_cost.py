@@ -1,8 +1,10 @@
 """Where the time of one off-policy iteration goes (a figure, not a test): CPU milliseconds per replay sample, loss
-forward, backward, optimiser step and target update at batch 256 with 256x256 MLPs, plus one collection step
-(policy + env), for each algorithm, built by the same builders as a training run.
+forward (and how much of it is matrix multiplies), backward, optimiser step and target update at batch 256 with
+256x256 MLPs, plus one collection step (policy + env), for each algorithm, built by the same builders as a training
+run; then one whole update (loss, backward, optimiser steps) in wall-clock ms, eager and, with ``compile=true``,
+under ``torch.compile`` (with its compile time).
 
-    nice -n 5 python benchmarks/offpolicy_update_cost.py [algo ...]
+    nice -n 5 python benchmarks/offpolicy_update_cost.py [algo ...] [threads=1] [compile=false]
 
 Prints JSON lines and appends them to benchmarks/results/offpolicy_update_cost.jsonl.
 """
@@ -33,11 +35,29 @@ def _timed(fn, n: int) -> float:
     return (time.process_time() - start) / n * 1000
 
 
-def measure(algo: str, n: int = 200) -> dict[str, float]:
+def _matmul_ms(fn, n: int) -> float:
+    """CPU ms per call spent in matrix-multiply kernels (the networks' arithmetic), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            fn()
+    kernels = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm")
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in kernels) / 1000 / n
+
+
+def _wall_ms(fn, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n * 1000
+
+
+def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False) -> dict[str, float]:
     cfg, _ = compose_config([f"algo={algo}", f"env={ENVS[algo]}", "optim.batch_size=256", "model.hidden=[256,256]",
                              "collector.frames_per_batch=1000", "collector.prefill_frames=1000"])
     torch.manual_seed(0)
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(threads)
     env = engine.make_train_env(cfg)
     parts = build_parts(cfg, env)
     collector = engine.make_collector(cfg, env, parts.collect_policy)
@@ -61,6 +81,23 @@ def measure(algo: str, n: int = 200) -> dict[str, float]:
         out["optimizer_step"] = _timed(lambda: [o.step() for o in opts], n)
         out["target_update"] = _timed(parts.target_updater.step, n)
         out["params"] = float(sum(p.numel() for p in params))
+        out["loss_forward_matmul"] = _matmul_ms(lambda: parts.loss(sample), 50)
+
+        def update(batch):
+            losses = parts.loss(batch)
+            sum(v for k, v in losses.items() if k.startswith("loss")).backward()
+            for o in opts:
+                o.step()
+                o.zero_grad()
+
+        out["update_wall"] = _wall_ms(lambda: update(replay.sample()), n)
+        if compiled:
+            fast = torch.compile(update)
+            t0 = time.perf_counter()
+            for _ in range(3):
+                fast(replay.sample())
+            out["compile_s"] = time.perf_counter() - t0
+            out["update_wall_compiled"] = _wall_ms(lambda: fast(replay.sample()), n)
     finally:
         collector.shutdown()
     return out
@@ -68,12 +105,15 @@ def measure(algo: str, n: int = 200) -> dict[str, float]:
 
 def main(argv: list[str]) -> None:
     algos = [a for a in argv if "=" not in a] or list(ENVS)
+    options = dict(a.split("=", 1) for a in argv if "=" in a)
+    threads, compiled = int(options.get("threads", 1)), options.get("compile", "false") == "true"
     results = ROOT / "benchmarks" / "results" / "offpolicy_update_cost.jsonl"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for algo in algos:
-        for part, value in measure(algo).items():
+        for part, value in measure(algo, threads=threads, compiled=compiled).items():
+            unit = {"params": "count", "compile_s": "s"}.get(part, "ms")
             line = {"bench": f"offpolicy_update_cost/{algo}", "metric": part, "value": round(value, 3),
-                    "unit": "count" if part == "params" else "ms"}
+                    "unit": unit, "threads": threads}
             print(json.dumps(line), flush=True)
             with results.open("a") as f:
                 f.write(json.dumps({**line, "time": stamp}) + "\n")

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from shared.envs import render_frame
 from shared.evaluation import return_stats, write_video
 
 
@@ -24,7 +25,7 @@ def play_episodes(env, policy, episodes: int, max_steps: int, render: bool = Fal
     returns, lengths, frames = [], [], []
 
     def grab(env_, td):
-        frames.append(np.array(env_.base_env._env.render(), copy=True))  # rendered frames have negative strides
+        frames.append(render_frame(env_))
 
     with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
         for i in range(episodes):
