@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,24 +70,34 @@ def test_resume_at_the_end_runs_nothing(tmp_path):
     assert again["frames"] == 200 and again["optim_steps"] == 50 and again["status"] == "completed"
 
 
-def test_ctrl_c_stops_cleanly_and_saves(tmp_path):
+def _interrupt_when(tmp_path, ready, *args) -> tuple[int, float, str, Path]:
+    """Run ``offpolicy.train ARGS args`` as a subprocess, send Ctrl-C once ``ready(run_dir, log_text)`` holds; return
+    (exit code, seconds from Ctrl-C to exit, log text, run dir)."""
     run_dir = tmp_path / "run"
     log = tmp_path / "log.txt"
-    proc = subprocess.Popen([sys.executable, "-m", "offpolicy.train", *ARGS, "total_frames=100000000",
-                             f"run_dir={run_dir}"], cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen([sys.executable, "-m", "offpolicy.train", *ARGS, *args, f"run_dir={run_dir}"], cwd=REPO,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not (run_dir / "logs" / "scalars" / "train" / "optim_steps.csv").exists():
-            time.sleep(0.5)
+        while time.time() < deadline and not ready(run_dir, log.read_text()):
+            time.sleep(0.2)
         assert proc.poll() is None, log.read_text()[-2000:]
+        started = time.time()
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
+        return code, time.time() - started, log.read_text(), run_dir
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert code == 130, log.read_text()[-2000:]
-    assert "Traceback" not in log.read_text()
+
+
+def test_ctrl_c_stops_cleanly_and_saves(tmp_path):
+    code, _, log, run_dir = _interrupt_when(
+        tmp_path, lambda run_dir, _: (run_dir / "logs" / "scalars" / "train" / "optim_steps.csv").exists(),
+        "total_frames=100000000")
+    assert code == 130, log[-2000:]
+    assert "Traceback" not in log
     s = summary(run_dir)
     assert s["status"] == "interrupted" and 0 < s["frames"] < 100000000
     ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
@@ -95,26 +106,16 @@ def test_ctrl_c_stops_cleanly_and_saves(tmp_path):
 
 
 def test_ctrl_c_during_the_final_evaluation_still_writes_the_summary(tmp_path):
-    run_dir = tmp_path / "run"
-    log = tmp_path / "log.txt"
-    proc = subprocess.Popen([sys.executable, "-m", "offpolicy.train", *ARGS, "eval.final_episodes=100000",
-                             f"run_dir={run_dir}"], cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline and "final evaluation:" not in log.read_text():
-            time.sleep(0.2)
-        assert proc.poll() is None, log.read_text()[-2000:]
-        time.sleep(1.0)  # inside the evaluation's episodes
-        started = time.time()
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=60)
-        stopped_in = time.time() - started
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert code == 130 and stopped_in < 10, log.read_text()[-2000:]
-    assert "Traceback" not in log.read_text()
+    seen = {}
+
+    def in_final_evaluation(run_dir, log):  # a second after it started: inside its episodes
+        if "final evaluation:" in log:
+            seen.setdefault("at", time.time())
+        return "at" in seen and time.time() - seen["at"] > 1.0
+
+    code, stopped_in, log, run_dir = _interrupt_when(tmp_path, in_final_evaluation, "eval.final_episodes=100000")
+    assert code == 130 and stopped_in < 10, log[-2000:]
+    assert "Traceback" not in log
     s = summary(run_dir)
     assert s["status"] == "interrupted" and s["frames"] == 300  # training had finished (smoke: 300 frames)
     assert (run_dir / "checkpoints" / "last.pt").exists() and (run_dir / "curves.png").exists()
