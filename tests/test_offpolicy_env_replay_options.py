@@ -105,7 +105,7 @@ def test_parallel_envs_collect_num_envs_trajectories(vector):
 
 
 def test_smoke_run_with_parallel_envs(tmp_path):
-    s = train_inprocess("algo=td3", "env=Pendulum-v1", "profile=smoke", "env.num_envs=2", "env.vector=process",
+    s = train_inprocess("algo=td3", "env=Pendulum-v1", "profile=smoke", "env.num_envs=2", "env.vector=serial",
                         f"run_dir={tmp_path}")
     assert s["status"] == "completed" and s["frames"] == 300 and s["replay_writes"] == 300
     assert summary(tmp_path)["batches"] == 3
