@@ -47,9 +47,11 @@ class PerNetworkStepper(OptimizationStepper):
         self.critic_loss_key = critic_loss_key
         self.steps = 0
         self.due: list[OptimGroup] = []
-        # every loss term on every step, as the trainer averages them: a term not computed on this step (TD3's actor
-        # loss between actor updates) repeats its latest value
+        # the same keys on every step, as the trainer averages them over a batch: the loss terms, each optimiser's
+        # gradient norm and whatever else the loss reports on the first step (SAC's alpha and entropy); a value not
+        # computed on this step (TD3's actor loss between actor updates) repeats its latest one
         self.latest = {k: torch.zeros(()) for g in groups for k in (*g.loss_keys, f"grad_norm_{g.name}")}
+        self._keys_fixed = False
 
     def state_dict(self) -> dict:
         return {"steps": self.steps}
@@ -81,9 +83,10 @@ class PerNetworkStepper(OptimizationStepper):
         replay = getattr(trainer, "replay_buffer", None)
         if replay is not None and hasattr(replay, "update_tensordict_priority") and "td_error" in sub_batch.keys():
             replay.update_tensordict_priority(sub_batch.reshape(-1))  # sliced batches are [n, slice_len]
-        for key in self.latest:
-            if key in losses.keys():
-                self.latest[key] = losses[key].detach()
+        for key, value in losses.items():
+            if key in self.latest or not self._keys_fixed:
+                self.latest[key] = value.detach()
+        self._keys_fixed = True
         return TensorDict(dict(self.latest))
 
 
