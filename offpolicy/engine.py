@@ -1,7 +1,7 @@
 """Where the parts run: the local builders (env, collector, replay buffer, trainer), one function each.
 
-The Ray engine swaps these builders (RayCollector, RayReplayBuffer, ``learner_backend="ray"``) without a second
-copy of the loop in train.py.
+A Ray engine (not built yet) is meant to swap these builders (RayCollector, RayReplayBuffer,
+``learner_backend="ray"``) without a second copy of the loop in train.py.
 """
 from __future__ import annotations
 
