@@ -95,8 +95,7 @@ def test_hard_update_copies_exactly_every_k_updates(algo):
     _, parts, _ = _parts(algo, "target.mode=hard", "target.hard_every=3")
     loss, updater = parts.loss, parts.target_updater
     updater.init_()
-    online = loss.value_network_params if algo == "dqn" else loss.value_network_params
-    target = loss.target_value_network_params
+    online, target = loss.value_network_params, loss.target_value_network_params  # DQN's Q net, DDPG's critic
     copies = []
     for step in range(1, 10):
         with torch.no_grad():
