@@ -1,7 +1,7 @@
 """Where the parts run: the local builders (env, collector, replay buffer, trainer), one function each.
 
-A Ray engine (not built yet) is meant to swap these builders (RayCollector, RayReplayBuffer,
-``learner_backend="ray"``) without a second copy of the loop in train.py.
+The Ray engine (ray_engine.py) swaps the collector and the replay buffer for Ray actors and gives
+:func:`make_trainer` torchrl's ``learner_backend="ray"``; train.py runs one loop over either.
 """
 from __future__ import annotations
 
@@ -175,24 +175,25 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
     return round(cfg.optim.utd_ratio * cfg.collector.frames_per_batch)
 
 
-def make_trainer(cfg: DictConfig, parts: AlgoParts, collector, replay_buffer):
-    """The algorithm's torchrl trainer with the local learner. Logging is done by our hooks (namespaced metrics),
-    so the trainer's own logging hooks are off."""
+def make_trainer(cfg: DictConfig, parts: AlgoParts, collector, replay_buffer, learner_options: dict | None = None):
+    """The algorithm's torchrl trainer: the local learner, or with ``learner_options`` (ray_engine.learner_options)
+    torchrl's Ray learner group. Logging is done by our hooks (namespaced metrics), so the trainer's own logging
+    hooks are off."""
     with warnings.catch_warnings():
         # torchrl 0.14.1 warns that every *Trainer is experimental and that its own hook stages are deprecated
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", FutureWarning)
-        trainer = _trainer(cfg, parts, collector, replay_buffer)
+        trainer = _trainer(cfg, parts, collector, replay_buffer, learner_options)
     if cfg.replay.slice_len:  # after the trainer's own sampling hook
         trainer.register_op("process_optim_batch", partial(_as_slices, slice_len=cfg.replay.slice_len))
-    if parts.stepper is not None and trainer.optimization_stepper is None:
+    if parts.stepper is not None and trainer.optimization_stepper is None and learner_options is None:
         # torchrl 0.14.1's SACTrainer and DDPGTrainer do not pass an optimization_stepper on to the base Trainer
         trainer.optimization_stepper = parts.stepper
         parts.stepper.register(trainer)
     return trainer
 
 
-def _trainer(cfg: DictConfig, parts: AlgoParts, collector, replay_buffer):
+def _trainer(cfg: DictConfig, parts: AlgoParts, collector, replay_buffer, learner_options: dict | None):
     return parts.trainer_cls(
         collector=collector,
         total_frames=cfg.total_frames,
@@ -202,7 +203,8 @@ def _trainer(cfg: DictConfig, parts: AlgoParts, collector, replay_buffer):
         target_net_updater=parts.target_updater,
         replay_buffer=replay_buffer,
         batch_size=cfg.optim.batch_size,
-        learner_backend="local",
+        learner_backend="local" if learner_options is None else "ray",
+        learner_backend_options=learner_options,
         clip_grad_norm=cfg.optim.max_grad_norm is not None,
         clip_norm=cfg.optim.max_grad_norm,
         progress_bar=cfg.logger.progress_bar,

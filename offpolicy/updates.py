@@ -46,6 +46,7 @@ class PerNetworkStepper(OptimizationStepper):
         self.critic_only_method = critic_only_method
         self.critic_loss_key = critic_loss_key
         self.steps = 0
+        self.write_priorities = True  # the Ray engine's uniform replay actor has no priorities to write
         self.due: list[OptimGroup] = []
         # the same keys on every step, as the trainer averages them over a batch: the loss terms, each optimiser's
         # gradient norm and whatever else the loss reports on the first step (SAC's alpha and entropy); a value not
@@ -81,7 +82,8 @@ class PerNetworkStepper(OptimizationStepper):
         for group in self.due:
             group.optimizer.zero_grad(set_to_none=True)
         replay = getattr(trainer, "replay_buffer", None)
-        if replay is not None and hasattr(replay, "update_tensordict_priority") and "td_error" in sub_batch.keys():
+        if (self.write_priorities and replay is not None and hasattr(replay, "update_tensordict_priority")
+                and "td_error" in sub_batch.keys()):
             replay.update_tensordict_priority(sub_batch.reshape(-1))  # sliced batches are [n, slice_len]
         for key, value in losses.items():
             if key in self.latest or not self._keys_fixed:

@@ -75,7 +75,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class Group:
-    """A config group: ``<name>=<file>`` merges ``<config_dir>/<name>/<file>.yaml``."""
+    """A config group: ``<name>=<file>`` merges ``<config_dir>/<name>/<file>.yaml`` (after the file named by its
+    ``extends:`` key, if it has one)."""
 
     name: str
     may_add_keys: bool = False  # algorithm files add their own keys; profiles may only change existing ones
@@ -138,6 +139,9 @@ def _merge_group(cfg: DictConfig, config_dir: Path, group: Group, choice: str) -
         allowed = ", ".join(_group_choices(config_dir, group.name))
         raise ConfigError(f"{group.name}={choice!r} does not exist; allowed: {allowed}")
     layer = OmegaConf.load(path)  # omegaconf reads YAML with yaml.SafeLoader
+    parent = layer.pop("extends", None)  # a group file may start from another file of its group
+    if parent is not None:
+        cfg = _merge_group(cfg, config_dir, group, str(parent))
     OmegaConf.set_struct(cfg, not group.may_add_keys)
     try:
         merged = OmegaConf.merge(cfg, layer)
