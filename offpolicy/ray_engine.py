@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import re
 import time
 from functools import partial
 
@@ -25,10 +27,6 @@ from offpolicy import engine
 from offpolicy.invariants import REQUIRED_KEYS, InvariantError
 from offpolicy.metrics import action_stats
 from shared.config import ConfigError
-
-
-class RayFailure(RuntimeError):
-    """A Ray actor (collector, replay or learner rank) died or could not be started."""
 
 
 def ray_resources(cfg: DictConfig) -> dict[str, float]:
@@ -48,7 +46,8 @@ def ray_session(cfg: DictConfig):
     kwargs = {"include_dashboard": False, "log_to_driver": cfg.ray.log_to_driver,
               "configure_logging": False}
     if local:
-        kwargs.update(_node_ip_address="127.0.0.1", num_cpus=cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus)
+        _bind_to_localhost()
+        kwargs.update(num_cpus=cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus)
     else:
         kwargs["address"] = cfg.ray.address
     try:
@@ -67,6 +66,18 @@ def ray_session(cfg: DictConfig):
         yield
     finally:
         ray.shutdown()
+
+
+def _bind_to_localhost() -> None:
+    """Make a local Ray cluster listen on 127.0.0.1 only. ``ray.init(_node_ip_address="127.0.0.1")`` does not: Ray
+    2.60 swaps a loopback node address for the machine's routable one unless its single-machine switch
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read at import, and torchrl imports ray early) is off. The variable is
+    inherited by the raylet and every worker; Gloo's learner sockets go on the loopback device too."""
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
 def flatten_rollout(rollout):
@@ -326,15 +337,21 @@ class RayMonitor:
         self.logger.log(m, frames)
 
 
+class LearnerLost(RuntimeError):
+    """The learner ranks are gone and the driver holds no copy of their state at the current frame count."""
+
+
 class LearnerMirror:
     """The driver's copy of the Ray learner: every rank's state (networks, optimisers, stepper, target updater, RNG,
-    via torchrl's backend) for checkpoints, and the policy weights for evaluation. When a rank has died, the last
-    copy taken is what the final checkpoint holds."""
+    via torchrl's backend) for checkpoints, and the policy weights for evaluation. A checkpoint needs a copy taken at
+    the current frame count; after a rank died there is none, and the previous checkpoint stays the latest."""
 
     def __init__(self, trainer, policy):
+        self.trainer = trainer
         self.backend = trainer._execution_backend
         self.policy = policy
         self.state: dict | None = None
+        self.state_frames: int | None = None
 
     def refresh_policy(self) -> None:
         """Copy rank 0's current policy weights into the driver's policy."""
@@ -344,10 +361,13 @@ class LearnerMirror:
         """Take the learner's state and policy now, if its ranks are up."""
         if self.backend.is_alive():
             self.state = self.backend.state_dict()
+            self.state_frames = self.trainer.collected_frames
             self.refresh_policy()
 
     def state_dict(self) -> dict:
         self.refresh()
+        if self.state_frames != self.trainer.collected_frames:
+            raise LearnerLost(f"the learner ranks are gone; no learner state at {self.trainer.collected_frames} frames")
         return {"learner": _numpy_rng(self.state, to_tensor=True)}
 
 
@@ -370,33 +390,30 @@ class RestoreLearner:
     """Setup hook of a resumed Ray run: load the checkpoint's learner state into the started ranks and publish its
     policy (with its version) to the collectors before the first round."""
 
-    def __init__(self, trainer, state: dict | None):
+    def __init__(self, trainer, state: dict):
         self.trainer, self.state = trainer, state
 
     def __call__(self) -> None:
-        if self.state is None:
-            raise RayFailure("the checkpoint holds no learner state (its run failed before the first save)")
         self.trainer._execution_backend.load_state_dict(_numpy_rng(self.state, to_tensor=False))
         self.trainer._publish_execution_weights(force=True)
 
 
-def failures(cfg: DictConfig) -> tuple[type[BaseException], ...]:
-    """Exceptions that mean a Ray actor died, timed out or could not start (none for the local engine)."""
-    if cfg.engine != "ray":
-        return ()
-    import ray.exceptions
-
-    return RayFailure, ray.exceptions.RayError
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One line: which kind of actor failed and Ray's reason."""
+def describe_failure(exc: BaseException) -> str | None:
+    """One line: which kind of actor failed and Ray's reason (None: not a Ray failure)."""
     import ray.exceptions
 
     text = " ".join(str(exc).split())
+    if isinstance(exc, RuntimeError) and text.startswith("Ray learner generation is"):
+        # torchrl's backend probes its ranks before each round; a dead rank shows up as this RuntimeError
+        return f"a Ray learner rank died ({text})"
+    if not isinstance(exc, ray.exceptions.RayError):
+        return None
     if isinstance(exc, ray.exceptions.GetTimeoutError):
         return f"a Ray actor did not answer in time ({text[:300]})"
     if isinstance(exc, ray.exceptions.RayActorError):
-        kind = "learner rank" if "_RayLearnerWorker" in text else "collector" if "Collector" in text else "actor"
-        return f"a Ray {kind} died ({text[:300]})"
+        cls = re.search(r"class_name: (\S+)", text)
+        pid = re.search(r"pid: (\d+)", text)
+        cls = cls.group(1) if cls else "?"
+        kind = "learner rank" if "Learner" in cls else "collector" if "Collector" in cls else "actor"
+        return f"a Ray {kind} died ({cls}, pid {pid.group(1) if pid else '?'}): {text.split('.')[0]}"
     return f"Ray failure: {text[:300]}"

@@ -432,13 +432,20 @@ def _train(cfg: DictConfig, checkpoint: dict | None) -> dict:
         status, error = "invariant_broken", str(exc).strip().splitlines()[-1]
     except KeyboardInterrupt:
         status = "interrupted"
-    except ray_engine.failures(cfg) as exc:
-        status, error = "failed", ray_engine.describe_failure(exc)
+    except Exception as exc:
+        error = ray_engine.describe_failure(exc) if cfg.engine == "ray" else None
+        if error is None:
+            raise
+        status = "failed"
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         collector.shutdown()
-        path = checkpointer.save()
+        try:
+            path = checkpointer.save()
+        except ray_engine.LearnerLost as exc:
+            path = checkpointer.path if checkpointer.path.exists() else None
+            print(f"warning: {exc}: the latest checkpoint is {path}", file=sys.stderr)
 
     frames = trainer.collected_frames
 
@@ -469,7 +476,7 @@ def _train(cfg: DictConfig, checkpoint: dict | None) -> dict:
         "episodes": done["episodes"], "utd_ratio": cfg.optim.utd_ratio,
         "train_return_last": done["last_return"],
         "eval_return_last": evals[-1] if evals else None, "eval_return_best": max(evals) if evals else None,
-        "elapsed_s": round(done["elapsed_s"], 2), "checkpoint": str(path), "run_dir": str(run_dir),
+        "elapsed_s": round(done["elapsed_s"], 2), "checkpoint": path and str(path), "run_dir": str(run_dir),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_curves(run_dir, {"train": "train/return", "eval": "eval/return"},
@@ -491,7 +498,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return EXIT_INVARIANT
     if summary["status"] == "failed":
-        print(f"error: {summary['error']}; checkpoint saved to {summary['checkpoint']}", file=sys.stderr)
+        print(f"error: {summary['error']}; latest checkpoint: {summary['checkpoint']}", file=sys.stderr)
         return EXIT_FAILED
     if summary["status"] == "interrupted":
         print(f"interrupted; checkpoint saved to {summary['checkpoint']}", file=sys.stderr)
