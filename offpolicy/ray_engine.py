@@ -40,7 +40,10 @@ def ray_resources(cfg: DictConfig) -> dict[str, float]:
 def ray_session(cfg: DictConfig):
     """Start Ray (local: bound to 127.0.0.1, no dashboard) or attach to ``ray.address``; check that the job's
     resources exist (an actor that cannot be placed would wait forever); always shut Ray down on exit."""
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("engine=ray needs Ray; allowed: engine=local, or install it: pip install -e '.[ray]'") from None
 
     local = cfg.ray.address is None
     kwargs = {"include_dashboard": False, "log_to_driver": cfg.ray.log_to_driver,
@@ -416,4 +419,7 @@ def describe_failure(exc: BaseException) -> str | None:
         cls = cls.group(1) if cls else "?"
         kind = "learner rank" if "Learner" in cls else "collector" if "Collector" in cls else "actor"
         return f"a Ray {kind} died ({cls}, pid {pid.group(1) if pid else '?'}): {text.split('.')[0]}"
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = " ".join(str(exc.cause).split()) if exc.cause is not None else text
+        return f"a Ray task failed ({exc.function_name}): {cause[-300:]}"
     return f"Ray failure: {text[:300]}"

@@ -1,0 +1,219 @@
+"""The Ray engine (engine=ray): smoke runs per family with every invariant, a killed collector, resources that
+cannot be had, config errors, and the per-round invariants on their own. Every run that starts Ray must leave no Ray
+process behind."""
+from __future__ import annotations
+
+import math
+import signal
+import time
+from types import SimpleNamespace
+
+import psutil
+import pytest
+import torch
+from offpolicy_helpers import run_cli, summary
+from proc import start_module
+from tensordict import TensorDict
+
+from offpolicy.invariants import InvariantError
+from offpolicy.ray_engine import RayMonitor, SampleCheck
+from shared.checkpoint import load_checkpoint
+
+RAY_PROCESS_NAMES = ("raylet", "gcs_server")
+
+
+def ray_processes() -> list[str]:
+    """Names of the Ray processes running on this machine (a finished run must leave none)."""
+    names = []
+    for p in psutil.process_iter(["name", "status"]):
+        name = p.info["name"] or ""
+        if p.info["status"] != psutil.STATUS_ZOMBIE and (name in RAY_PROCESS_NAMES or name.startswith("ray::")):
+            names.append(name)
+    return names
+
+
+def wait_no_ray(timeout: float = 15.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while ray_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return ray_processes()
+
+
+@pytest.mark.parametrize("algo,env", [("sac", "Pendulum-v1"), ("dqn", "CartPole-v1")])
+def test_ray_smoke(tmp_path, algo, env):
+    """profile=ray_smoke: 2 collector actors, 2 Gloo learner ranks, 5 rounds of 400 transitions (2 of prefill)."""
+    result = run_cli(f"algo={algo}", f"env={env}", "profile=ray_smoke", f"run_dir={tmp_path}", timeout=280)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "Ray: 2 collector actors x 1 envs, 2 gloo learner ranks x 32 samples" in result.stdout
+    s = summary(tmp_path)
+    assert s["engine"] == "ray" and s["status"] == "completed" and s["error"] is None
+    # transitions written == collected (summed over both actors); 4 optimising rounds x 50 steps; the published
+    # policy version is the learner's optimiser step count
+    assert s["frames"] == 2000 and s["replay_writes"] == 2000 and s["batches"] == 5
+    assert s["optim_steps"] == 200 and s["policy_version"] == 200
+    assert s["episodes"] > 0 and math.isfinite(s["train_return_last"]) and math.isfinite(s["eval_return_last"])
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    learner = ckpt["learner"]
+    assert learner["world_size"] == 2 and learner["model_version"] == 200 and len(learner["ranks"]) == 2
+    # DDP keeps the ranks' networks equal
+    a, b = (rank["loss_module"] for rank in learner["ranks"])
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    loss_dir = tmp_path / "logs" / "scalars" / "loss"
+    losses = sorted(p.name for p in loss_dir.glob("*.csv"))
+    assert losses, "no loss/ metrics logged"
+    assert not wait_no_ray(), "Ray processes left behind"
+
+
+def test_ray_resume_continues_the_learner(tmp_path):
+    """A Ray run resumed from its checkpoint restores the learner ranks and carries on from their version."""
+    first = run_cli("algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "total_frames=1200", "eval.final_episodes=0",
+                    f"run_dir={tmp_path}", timeout=280)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert summary(tmp_path)["optim_steps"] == 100
+    second = run_cli(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_frames=2000", timeout=280)
+    assert second.returncode == 0, second.stderr[-3000:]
+    s = summary(tmp_path)
+    # the replay actor starts empty, but the run is past its prefill: every new round optimises
+    assert s["frames"] == 2000 and s["optim_steps"] == 100 + 2 * 50 and s["policy_version"] == 200
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["learner"]["model_version"] == 200
+    assert not wait_no_ray()
+
+
+def test_killed_collector_stops_the_run_with_an_error(tmp_path):
+    """SIGKILL one collector actor: the run ends within 30 s with one error line, exit 4, a summary and a checkpoint
+    of the learner at that frame count, and no Ray process left."""
+    log = tmp_path / "log.txt"
+    proc = start_module("offpolicy.train", "algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "total_frames=100000",
+                        "eval.interval_frames=0", f"run_dir={tmp_path / 'run'}", log=log)
+    try:
+        deadline = time.monotonic() + 180
+        losses = tmp_path / "run" / "logs" / "scalars" / "loss"
+        while time.monotonic() < deadline and not (losses.is_dir() and any(losses.iterdir())):
+            time.sleep(1)  # until the learner has trained a round: the steady state
+        collectors = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                      if c.name().startswith("ray::Collector")]
+        assert collectors, "the run never trained: " + log.read_text()[-2000:]
+        collectors[0].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        code = proc.wait(timeout=60)
+        assert time.monotonic() - killed < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text()
+    assert code == 4, out[-3000:]
+    assert "error: a Ray collector died (Collector, pid" in out
+    s = summary(tmp_path / "run")
+    assert s["status"] == "failed" and "collector died" in s["error"]
+    ckpt = load_checkpoint(s["checkpoint"])
+    assert ckpt["counters"]["collected_frames"] == s["frames"] and ckpt["learner"]["model_version"] == s["optim_steps"]
+    assert not wait_no_ray()
+
+
+def test_unavailable_resources_fail_fast(tmp_path):
+    """More CPUs than the cluster has: one error line and exit 2 within seconds, instead of actors waiting forever."""
+    start = time.monotonic()
+    result = run_cli("algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "ray.num_cpus=2", "ray.num_collectors=4",
+                     "ray.collector_cpus=1", f"run_dir={tmp_path}", timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: ray: the job needs 5 CPU (cluster has 2); allowed: fewer ray.num_collectors / ray.world_size, "
+        "smaller ray.collector_cpus / learner_cpus / *_gpus, or a bigger cluster")
+    assert time.monotonic() - start < 60
+    assert not wait_no_ray()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("replay.prioritized=true", "replay.prioritized=True is not allowed with engine=ray"),
+    ("optim.batch_size=63", "optim.batch_size=63 is not allowed; allowed: a multiple of ray.world_size=2"),
+    ("ray.num_collectors=3", "collector.frames_per_batch=400 is not allowed; allowed: a multiple of "
+                             "ray.num_collectors * env.num_envs = 3"),
+    ("ray.backend=nccl", "ray.learner_gpus=0.0 is not allowed with ray.backend=nccl"),
+    ("ray.backend=mpi", "ray.backend='mpi' is not allowed; allowed: one of gloo, nccl"),
+])
+def test_ray_config_errors(tmp_path, override, message):
+    result = run_cli("algo=sac", "env=Pendulum-v1", "profile=ray_smoke", override, f"run_dir={tmp_path}", timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert message in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ray_nccl_learner(tmp_path):
+    """NCCL learner ranks, one GPU each (as many ranks as GPUs, at most 2)."""
+    ranks = min(torch.cuda.device_count(), 2)
+    result = run_cli("algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "ray.backend=nccl", "ray.learner_gpus=1",
+                     f"ray.world_size={ranks}", f"run_dir={tmp_path}", timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = summary(tmp_path)
+    assert s["status"] == "completed" and s["optim_steps"] == 200 and s["policy_version"] == 200
+    assert not wait_no_ray()
+
+
+# --- the per-round invariants, without Ray -------------------------------------------------------------------------
+
+def _round_stats(frames, version, returns=()):
+    return {"frames": frames, "round_frames": frames, "returns": list(returns), "lengths": [200] * len(returns),
+            "version_lo": version, "version_hi": version, "reward_sum": -1.0 * frames,
+            "actions": torch.zeros(frames, 1)}
+
+
+def _monitor(stats, *, written, optim_before=0, optim_after=50, published=50):
+    """A RayMonitor over fakes of the trainer, the collector actors and the replay actor."""
+    cfg = SimpleNamespace(collector=SimpleNamespace(prefill_frames=0), optim=SimpleNamespace(batch_size=32),
+                          logger=SimpleNamespace(interval_s=0.0))
+    replay = SimpleNamespace(write_count=0)
+    trainer = SimpleNamespace(
+        collector=SimpleNamespace(map_fn=lambda name: stats), replay_buffer=replay, _optim_count=optim_before,
+        collected_frames=0, _execution_backend=SimpleNamespace(model_version=optim_after),
+        _published_model_version=published, _log_dict={"loss_qvalue": [torch.tensor(1.5)]})
+    logged = []
+    logger = SimpleNamespace(log=lambda metrics, step: logged.append(metrics))
+    monitor = RayMonitor(cfg, trainer, logger, steps_per_batch=50, exploration_value=lambda: 0.0,
+                         action_spec=SimpleNamespace(), discrete=True, start={})
+    monitor.setup()
+
+    class Replay:  # write_count and len after the round
+        write_count = written
+
+        def __len__(self):
+            return written
+
+    trainer.replay_buffer = Replay()
+    trainer.collected_frames = written
+    trainer._optim_count = optim_after
+    return monitor, logged
+
+
+def test_ray_monitor_accepts_a_consistent_round():
+    monitor, logged = _monitor([_round_stats(200, 0, returns=[-100.0]), _round_stats(200, 0)], written=400)
+    monitor()
+    assert monitor.batches == 1 and monitor.version == 50 and monitor.episodes == 1
+    assert logged[0]["train/return"] == -100.0
+    assert logged[1]["loss/loss_qvalue"] == 1.5 and logged[1]["collector/actors"] == 2.0
+
+
+@pytest.mark.parametrize("stats,written,kw,message", [
+    ([_round_stats(200, 0), _round_stats(200, 0)], 399, {}, "replay received 399 transitions but the collectors "
+                                                            "collected 400"),
+    ([_round_stats(200, 0), _round_stats(200, 7)], 400, {}, "collector 1 used policy_version 7..7; expected 0"),
+    ([_round_stats(200, 0), _round_stats(200, 0)], 400, {"optim_after": 49}, "ran 49 optimiser steps; expected 50"),
+    ([_round_stats(200, 0), _round_stats(200, 0)], 400, {"published": 0}, "published policy version 0 vs learner "
+                                                                          "optimiser version 50"),
+])
+def test_ray_monitor_catches_a_broken_invariant(stats, written, kw, message):
+    monitor, _ = _monitor(stats, written=written, **kw)
+    with pytest.raises(InvariantError, match=message.replace(".", r"\.")):
+        monitor()
+
+
+def test_sample_check_on_the_learner_ranks():
+    keys = {"observation": torch.zeros(32, 3), "action": torch.zeros(32, 1),
+            "next": {"observation": torch.zeros(32, 3), "reward": torch.zeros(32, 1),
+                     "done": torch.zeros(32, 1, dtype=torch.bool), "terminated": torch.zeros(32, 1, dtype=torch.bool)}}
+    check = SampleCheck((32,))
+    check(TensorDict(keys, batch_size=[32]))
+    with pytest.raises(InvariantError, match=r"shape \(16,\); expected \(32,\)"):
+        check(TensorDict(keys, batch_size=[32])[:16])
+    with pytest.raises(InvariantError, match="lacks keys"):
+        check(TensorDict(keys, batch_size=[32]).exclude("action"))
