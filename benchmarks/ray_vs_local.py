@@ -1,0 +1,82 @@
+"""The Ray engine against the local one (a figure, not a test): env steps/s and optimiser updates/s of the same
+algorithm and config, after prefill, with equal resources on this machine. The goal is Ray >= 80 % of local.
+
+    python benchmarks/ray_vs_local.py [sac|dqn ...] [frames=N] [cpus=N]
+
+- local: one process, ``threads=cpus`` torch threads, ``env.num_envs=2`` envs stepped in turn (SerialEnv);
+- ray: a local Ray cluster of ``cpus`` CPUs, 2 collector actors x 1 env, 2 Gloo learner ranks (global batch split
+  in two), the replay actor; every actor gets ``cpus / 4`` CPUs.
+
+Each case is a fresh ``python -m offpolicy.train`` with evaluation off and metrics logged every round; the figures are
+frames (or updates) between the end of the prefill round and the end of the run over the wall time between them (so
+Ray's start-up is not counted). Prints JSON lines and appends them to benchmarks/results/ray_vs_local.jsonl.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from shared.logging import read_scalars  # noqa: E402
+
+COMMON = ["optim.utd_ratio=1", "optim.batch_size=256", "model.hidden=[256,256]", "collector.frames_per_batch=1000",
+          "collector.prefill_frames=1000", "eval.interval_frames=0", "eval.final_episodes=0", "logger.interval_s=0",
+          "logger.progress_bar=false", "checkpoint.interval_s=0", "env.num_envs=1"]
+CASES = {"sac": ["algo=sac", "env=HalfCheetah-v5"], "dqn": ["algo=dqn", "env=CartPole-v1"]}
+
+
+def engine_args(engine: str, cpus: int) -> list[str]:
+    if engine == "local":
+        return [f"threads={cpus}", "env.num_envs=2", "env.vector=serial"]
+    share = cpus / 4
+    return ["engine=ray", f"ray.num_cpus={cpus}", "ray.num_collectors=2", f"ray.collector_cpus={share}",
+            "ray.world_size=2", f"ray.learner_cpus={share}"]
+
+
+def measure(name: str, engine: str, frames: int, cpus: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "offpolicy.train", *CASES[name], *COMMON, *engine_args(engine, cpus),
+               f"total_frames={frames}", f"run_dir={tmp}"]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name}/{engine} failed: {proc.stderr[-2000:]}")
+        steps, optim = read_scalars(tmp, "train/optim_steps")
+        _, elapsed = read_scalars(tmp, "time/elapsed_s")
+        _, frames_logged = read_scalars(tmp, "train/frames")
+    first = next(i for i in range(1, len(optim)) if optim[i] > optim[i - 1]) - 1  # end of the prefill round
+    wall = elapsed[-1] - elapsed[first]
+    return {"env_steps_per_s": (frames_logged[-1] - frames_logged[first]) / wall,
+            "updates_per_s": (optim[-1] - optim[first]) / wall, "rounds": len(optim) - 1 - first}
+
+
+def main(argv: list[str]) -> None:
+    names = [a for a in argv if "=" not in a] or list(CASES)
+    opts = dict(a.split("=", 1) for a in argv if "=" in a)
+    frames, cpus = int(opts.get("frames", 6000)), int(opts.get("cpus", 2))
+    out = ROOT / "benchmarks" / "results" / "ray_vs_local.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    for name in names:
+        results = {engine: measure(name, engine, frames, cpus) for engine in ("local", "ray")}
+        lines = [{"bench": f"ray_vs_local/{name}/{engine}", "metric": metric, "value": round(r[metric], 1),
+                  "unit": unit} for engine, r in results.items()
+                 for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"))]
+        ratio = results["ray"]["env_steps_per_s"] / results["local"]["env_steps_per_s"]
+        lines.append({"bench": f"ray_vs_local/{name}", "metric": "ray_over_local", "value": round(ratio, 3),
+                      "unit": "ratio", "goal": 0.8})
+        for line in lines:
+            print(json.dumps(line), flush=True)
+            with out.open("a") as f:
+                f.write(json.dumps({**line, "time": stamp, "frames": frames, "cpus": cpus,
+                                    "host": platform.node()}) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
