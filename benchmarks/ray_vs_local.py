@@ -5,7 +5,8 @@ algorithm and config, after prefill, with equal resources on this machine. The g
 
 - local: one process, ``threads=cpus`` torch threads, ``env.num_envs=2`` envs stepped in turn (SerialEnv);
 - ray: a local Ray cluster of ``cpus`` CPUs, 2 collector actors x 1 env, 2 Gloo learner ranks (global batch split
-  in two), the replay actor; every actor gets ``cpus / 4`` CPUs.
+  in two), the replay actor; every actor gets ``cpus / 4`` CPUs;
+- ray-1rank: the same with one learner rank of ``cpus / 2`` CPUs (no gradient all-reduce).
 
 Each case is a fresh ``python -m offpolicy.train`` with evaluation off and metrics logged every round; the figures are
 frames (or updates) between the end of the prefill round and the end of the run over the wall time between them (so
@@ -32,12 +33,16 @@ COMMON = ["optim.utd_ratio=1", "optim.batch_size=256", "model.hidden=[256,256]",
 CASES = {"sac": ["algo=sac", "env=HalfCheetah-v5"], "dqn": ["algo=dqn", "env=CartPole-v1"]}
 
 
+ENGINES = ("local", "ray", "ray-1rank")
+
+
 def engine_args(engine: str, cpus: int) -> list[str]:
     if engine == "local":
         return [f"threads={cpus}", "env.num_envs=2", "env.vector=serial"]
     share = cpus / 4
-    return ["engine=ray", f"ray.num_cpus={cpus}", "ray.num_collectors=2", f"ray.collector_cpus={share}",
-            "ray.world_size=2", f"ray.learner_cpus={share}"]
+    ranks = ["ray.world_size=2", f"ray.learner_cpus={share}"] if engine == "ray" else \
+        ["ray.world_size=1", f"ray.learner_cpus={2 * share}"]
+    return ["engine=ray", f"ray.num_cpus={cpus}", "ray.num_collectors=2", f"ray.collector_cpus={share}", *ranks]
 
 
 def measure(name: str, engine: str, frames: int, cpus: int) -> dict:
@@ -64,13 +69,14 @@ def main(argv: list[str]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for name in names:
-        results = {engine: measure(name, engine, frames, cpus) for engine in ("local", "ray")}
+        results = {engine: measure(name, engine, frames, cpus) for engine in ENGINES}
         lines = [{"bench": f"ray_vs_local/{name}/{engine}", "metric": metric, "value": round(r[metric], 1),
                   "unit": unit} for engine, r in results.items()
                  for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"))]
-        ratio = results["ray"]["env_steps_per_s"] / results["local"]["env_steps_per_s"]
-        lines.append({"bench": f"ray_vs_local/{name}", "metric": "ray_over_local", "value": round(ratio, 3),
-                      "unit": "ratio", "goal": 0.8})
+        for engine in ENGINES[1:]:
+            ratio = results[engine]["env_steps_per_s"] / results["local"]["env_steps_per_s"]
+            lines.append({"bench": f"ray_vs_local/{name}/{engine}", "metric": "over_local", "value": round(ratio, 3),
+                          "unit": "ratio", "goal": 0.8})
         for line in lines:
             print(json.dumps(line), flush=True)
             with out.open("a") as f:

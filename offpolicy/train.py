@@ -96,6 +96,7 @@ RULES = {
     "ray.backend": Rule(choices=("gloo", "nccl")),
     "ray.learner_cpus": Rule(min=0),
     "ray.learner_gpus": Rule(min=0),
+    "ray.prefetch": Rule(min=0, integer=True),
     "ray.setup_timeout_s": Rule(min=1),
     "ray.step_timeout_s": Rule(min=1),
 }
