@@ -57,12 +57,7 @@ class Invariants:
         """Each optimisation batch has the configured size and the keys the losses read."""
         self._samples += 1
         if self._samples % self.check_every == 0:
-            if tuple(sample.batch_size) != self.sample_shape:
-                raise InvariantError(f"sampled batch has shape {tuple(sample.batch_size)}; expected {self.sample_shape}")
-            keys = set(sample.keys(True))
-            missing = [k for k in REQUIRED_KEYS if k not in keys]
-            if missing:
-                raise InvariantError(f"sampled batch lacks keys {missing}")
+            check_sample_batch(sample, shape=self.sample_shape)
         return sample
 
     def check_published(self) -> None:
@@ -80,6 +75,16 @@ class Invariants:
         version = self.trainer.collector.policy_version
         if version is not None and version != self.batches:
             raise InvariantError(f"collector policy_version {version} after {self.batches} publications")
+
+
+def check_sample_batch(sample, *, shape: tuple[int, ...]) -> None:
+    """An optimisation batch has ``shape`` and the keys the losses read."""
+    if tuple(sample.batch_size) != tuple(shape):
+        raise InvariantError(f"sampled batch has shape {tuple(sample.batch_size)}; expected {tuple(shape)}")
+    keys = set(sample.keys(True))
+    missing = [k for k in REQUIRED_KEYS if k not in keys]
+    if missing:
+        raise InvariantError(f"sampled batch lacks keys {missing}")
 
 
 def check_finite(metrics: dict[str, float]) -> None:

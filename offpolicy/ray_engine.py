@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from offpolicy import engine
-from offpolicy.invariants import REQUIRED_KEYS, InvariantError
+from offpolicy.invariants import InvariantError, check_sample_batch
 from offpolicy.metrics import action_stats
 from shared.config import ConfigError
 
@@ -219,27 +219,12 @@ def learner_options(cfg: DictConfig) -> dict:
             "store_host": "127.0.0.1" if cfg.ray.address is None else None}
 
 
-class SampleCheck:
-    """Runs on every learner rank before each optimiser step: the sampled batch has the per-rank shape and the keys
-    the losses read (the local engine checks the same in a trainer hook, which Ray learners do not run)."""
-
-    def __init__(self, shape: tuple[int, ...]):
-        self.shape = tuple(shape)
-
-    def __call__(self, sample) -> None:
-        if tuple(sample.batch_size) != self.shape:
-            raise InvariantError(f"sampled batch has shape {tuple(sample.batch_size)}; expected {self.shape}")
-        keys = set(sample.keys(True))
-        missing = [k for k in REQUIRED_KEYS if k not in keys]
-        if missing:
-            raise InvariantError(f"sampled batch lacks keys {missing}")
-
-
 class CheckedStepper:
-    """An OptimizationStepper that checks the sample (:class:`SampleCheck`; and that no transition comes from a
-    policy newer than this rank's) and then runs ``inner``."""
+    """An OptimizationStepper that checks each sample on the learner rank (the local engine checks the same in a
+    trainer hook, which Ray learners do not run): ``check`` (shape and keys), and that no transition comes from a
+    policy newer than this rank's; then runs ``inner``."""
 
-    def __init__(self, inner, check: SampleCheck):
+    def __init__(self, inner, check):
         from torchrl.trainers.trainers import DefaultOptimizationStepper
 
         self.inner = inner if inner is not None else DefaultOptimizationStepper()
@@ -274,7 +259,8 @@ def attach_learner_parts(cfg: DictConfig, trainer, parts) -> None:
     per_rank = cfg.optim.batch_size // cfg.ray.world_size
     if parts.stepper is not None:
         parts.stepper.write_priorities = False
-    backend.objects.optimization_stepper = CheckedStepper(parts.stepper, SampleCheck((per_rank,)))
+    check = partial(check_sample_batch, shape=(per_rank,))
+    backend.objects.optimization_stepper = CheckedStepper(parts.stepper, check)
     backend.update_replay_priority = False
 
 

@@ -17,7 +17,7 @@ from proc import start_module
 from tensordict import TensorDict
 
 from offpolicy.invariants import InvariantError
-from offpolicy.ray_engine import RayMonitor, SampleCheck
+from offpolicy.ray_engine import CheckedStepper, RayMonitor
 from offpolicy.train import compose_config
 from shared.checkpoint import load_checkpoint
 from shared.config import ConfigError
@@ -237,13 +237,33 @@ def test_ray_monitor_catches_a_broken_invariant(stats, written, kw, message):
         monitor()
 
 
-def test_sample_check_on_the_learner_ranks():
+def test_learner_rank_checks_each_sample():
+    """What every Ray learner rank checks before a step: shape, keys, and no policy_version from its future."""
+    from functools import partial
+
+    from offpolicy.invariants import check_sample_batch
+
     keys = {"observation": torch.zeros(32, 3), "action": torch.zeros(32, 1),
             "next": {"observation": torch.zeros(32, 3), "reward": torch.zeros(32, 1),
-                     "done": torch.zeros(32, 1, dtype=torch.bool), "terminated": torch.zeros(32, 1, dtype=torch.bool)}}
-    check = SampleCheck((32,))
-    check(TensorDict(keys, batch_size=[32]))
+                     "done": torch.zeros(32, 1, dtype=torch.bool), "terminated": torch.zeros(32, 1, dtype=torch.bool),
+                     "policy_version": torch.full((32, 1), 7)}}
+    steps = []
+
+    class Inner:
+        updates_replay_priority = False
+
+        def _step(self, context, sample):
+            steps.append(sample.batch_size)
+            return TensorDict()
+
+    stepper = CheckedStepper(Inner(), partial(check_sample_batch, shape=(32,)))
+    learner = SimpleNamespace(model_version=7)
+    stepper._step(learner, TensorDict(keys, batch_size=[32]))
+    assert steps == [torch.Size([32])]
     with pytest.raises(InvariantError, match=r"shape \(16,\); expected \(32,\)"):
-        check(TensorDict(keys, batch_size=[32])[:16])
+        stepper._step(learner, TensorDict(keys, batch_size=[32])[:16])
     with pytest.raises(InvariantError, match="lacks keys"):
-        check(TensorDict(keys, batch_size=[32]).exclude("action"))
+        stepper._step(learner, TensorDict(keys, batch_size=[32]).exclude("action"))
+    with pytest.raises(InvariantError, match="policy_version 7 on a learner at version 6"):
+        stepper._step(SimpleNamespace(model_version=6), TensorDict(keys, batch_size=[32]))
+    assert len(steps) == 1
