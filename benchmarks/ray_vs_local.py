@@ -5,8 +5,8 @@ algorithm and config, after prefill, with equal resources on this machine. The g
 
 - local: one process, ``threads=cpus`` torch threads, ``env.num_envs=2`` envs stepped in turn (SerialEnv);
 - ray: a local Ray cluster of ``cpus`` CPUs, 2 collector actors x 1 env, 2 Gloo learner ranks (global batch split
-  in two), the replay actor; every actor gets ``cpus / 4`` CPUs;
-- ray-1rank: the same with one learner rank of ``cpus / 2`` CPUs (no gradient all-reduce).
+  in two) of ``cpus / 2`` torch threads each, the replay actor; every actor reserves ``cpus / 4`` CPUs;
+- ray-1rank: the same with one learner rank of ``cpus`` torch threads (no gradient all-reduce).
 
 Each case is a fresh ``python -m offpolicy.train`` with evaluation off and metrics logged every round; the figures are
 frames (or updates) between the end of the prefill round and the end of the run over the wall time between them (so
@@ -40,8 +40,9 @@ def engine_args(engine: str, cpus: int) -> list[str]:
     if engine == "local":
         return [f"threads={cpus}", "env.num_envs=2", "env.vector=serial"]
     share = cpus / 4
-    ranks = ["ray.world_size=2", f"ray.learner_cpus={share}"] if engine == "ray" else \
-        ["ray.world_size=1", f"ray.learner_cpus={2 * share}"]
+    # torch threads as locally: cpus in all, so one per rank with two ranks
+    ranks = ["ray.world_size=2", f"ray.learner_cpus={share}", f"threads={max(cpus // 2, 1)}"] if engine == "ray" \
+        else ["ray.world_size=1", f"ray.learner_cpus={2 * share}", f"threads={cpus}"]
     return ["engine=ray", f"ray.num_cpus={cpus}", "ray.num_collectors=2", f"ray.collector_cpus={share}", *ranks]
 
 

@@ -162,32 +162,38 @@ def make_collector(cfg: DictConfig, policy, replay, obs_norm: dict | None):
 
 
 class PrefetchingClient:
-    """A replay-actor client that keeps ``depth`` samples in flight, so a learner rank computes while the next samples
-    travel (one synchronous sample costs ~10 ms of Ray round trip here against 0.6 ms in-process; measured by
-    benchmarks/ray_vs_local.py). Writes only happen between rounds, so only a round's first ``depth`` samples can
-    miss the round's newest transitions. Everything but ``sample`` goes to torchrl's client unchanged."""
+    """A replay-actor client for a learner rank that fetches ``chunk`` batches per call and keeps the next call in
+    flight, so the rank computes while samples travel. One synchronous sample costs ~10 ms of Ray round trip here
+    against 0.6 ms in-process (benchmarks/ray_vs_local.py), mostly per call, not per transition. Uniform batches
+    drawn together are the same as batches drawn one by one; writes only happen between rounds, so only a round's
+    first ``2 * chunk`` batches can miss the round's newest transitions. Everything but ``sample`` goes to torchrl's
+    client unchanged."""
 
-    def __init__(self, client, depth: int):
-        self._client, self._depth = client, depth
-        self._pending: deque = deque()
+    def __init__(self, client, chunk: int):
+        self._client, self._chunk = client, chunk
+        self._pending = None  # the call in flight
+        self._ready: deque = deque()
         self._batch_size = None
+
+    def _request(self):
+        return self._client._actor.sample.remote(self._batch_size * self._chunk)  # torchrl's client wraps the actor
 
     def sample(self, batch_size: int | None = None):
         import ray
 
-        actor = self._client._actor  # torchrl's client is a thin wrapper of ray.get(actor.sample.remote(...))
         if batch_size != self._batch_size:
-            self._pending.clear()
-            self._batch_size = batch_size
-        while len(self._pending) <= self._depth:
-            self._pending.append(actor.sample.remote(batch_size))
-        return ray.get(self._pending.popleft())
+            self._pending, self._ready, self._batch_size = None, deque(), batch_size
+        if not self._ready:
+            chunk = ray.get(self._pending if self._pending is not None else self._request())
+            self._ready.extend(chunk.split(batch_size))
+            self._pending = self._request()
+        return self._ready.popleft()
 
     def __getstate__(self):
-        return {"client": self._client, "depth": self._depth}
+        return {"client": self._client, "chunk": self._chunk}
 
     def __setstate__(self, state):
-        self.__init__(state["client"], state["depth"])
+        self.__init__(state["client"], state["chunk"])
 
     def __getattr__(self, name: str):
         if name.startswith("__") or "_client" not in self.__dict__:
@@ -197,7 +203,7 @@ class PrefetchingClient:
 
 def make_replay_buffer(cfg: DictConfig, run_dir=None):
     """The replay actor: a FIFO of ``replay.size`` transitions sampled uniformly, owned by Ray (0 CPUs reserved);
-    its clients prefetch ``ray.prefetch`` samples."""
+    its clients fetch ``ray.prefetch`` batches per call, ahead of use."""
     from torchrl.data import LazyTensorStorage, RandomSampler, RayReplayBuffer, TensorDictReplayBuffer
 
     class PrefetchingRayReplayBuffer(RayReplayBuffer):
@@ -224,17 +230,20 @@ class CheckedStepper:
     trainer hook, which Ray learners do not run): ``check`` (shape and keys), and that no transition comes from a
     policy newer than this rank's; then runs ``inner``."""
 
-    def __init__(self, inner, check):
+    def __init__(self, inner, check, threads: int):
         from torchrl.trainers.trainers import DefaultOptimizationStepper
 
         self.inner = inner if inner is not None else DefaultOptimizationStepper()
         self.check = check
+        self.threads = threads  # the rank's torch threads (Ray starts an actor with one per reserved CPU)
         self.updates_replay_priority = getattr(self.inner, "updates_replay_priority", False)
 
     def register(self, trainer, name: str = "optimization_stepper") -> None:
         self.inner.register(trainer, name)
 
     def _step(self, context, sample):
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
         self.check(sample)
         newest = int(sample["next", "policy_version"].max())
         if newest > context.model_version:  # context: torchrl's learner on this rank
@@ -260,7 +269,7 @@ def attach_learner_parts(cfg: DictConfig, trainer, parts) -> None:
     if parts.stepper is not None:
         parts.stepper.write_priorities = False
     check = partial(check_sample_batch, shape=(per_rank,))
-    backend.objects.optimization_stepper = CheckedStepper(parts.stepper, check)
+    backend.objects.optimization_stepper = CheckedStepper(parts.stepper, check, threads=cfg.threads)
     backend.update_replay_priority = False
 
 

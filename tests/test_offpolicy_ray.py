@@ -256,7 +256,7 @@ def test_learner_rank_checks_each_sample():
             steps.append(sample.batch_size)
             return TensorDict()
 
-    stepper = CheckedStepper(Inner(), partial(check_sample_batch, shape=(32,)))
+    stepper = CheckedStepper(Inner(), partial(check_sample_batch, shape=(32,)), threads=torch.get_num_threads())
     learner = SimpleNamespace(model_version=7)
     stepper._step(learner, TensorDict(keys, batch_size=[32]))
     assert steps == [torch.Size([32])]
