@@ -19,7 +19,7 @@ from shared.config import ConfigError
     (["algo=dqn", "sac.alpha_init=0.1"], "unknown key 'sac.alpha_init'"),
     (["model.hidden=[256,-1]"], "model.hidden=[256, -1] is not allowed"),
     (["collector.prefill_frames=5000", "replay.size=1000"], "collector.prefill_frames=5000 is not allowed"),
-    (["profile=huge"], "profile='huge' does not exist; allowed: local, smoke"),
+    (["profile=huge"], "profile='huge' does not exist; allowed: humanoid_scale, local, ray_smoke, scale, smoke"),
     (["resume=/nonexistent/last.pt"], "checkpoint '/nonexistent/last.pt' does not exist"),
     (["logger.backend=mlflow"], "logger.backend='mlflow' is not allowed"),
     (["total_frames"], "is not of the form key=value"),
@@ -52,5 +52,5 @@ def test_cli_prints_one_line_and_exits_2(args):
 def test_help_lists_groups_and_defaults(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "algo=: ddpg | dqn | sac | td3" in out and "profile=: local | smoke" in out
+    assert "algo=: ddpg | dqn | sac | td3" in out and "profile=: humanoid_scale | local | ray_smoke | scale | smoke" in out
     assert "utd_ratio" in out
