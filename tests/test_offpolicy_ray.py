@@ -42,10 +42,9 @@ def wait_no_ray(timeout: float = 15.0) -> list[str]:
     return ray_processes()
 
 
-@pytest.mark.parametrize("algo,env", [("sac", "Pendulum-v1"), ("dqn", "CartPole-v1")])
-def test_ray_smoke(tmp_path, algo, env):
+def test_ray_smoke_sac(tmp_path):
     """profile=ray_smoke: 2 collector actors, 2 Gloo learner ranks, 5 rounds of 400 transitions (2 of prefill)."""
-    result = run_cli(f"algo={algo}", f"env={env}", "profile=ray_smoke", f"run_dir={tmp_path}", timeout=280)
+    result = run_cli("algo=sac", "env=Pendulum-v1", "profile=ray_smoke", f"run_dir={tmp_path}", timeout=280)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "Ray: 2 collector actors x 1 envs, 2 gloo learner ranks x 32 samples" in result.stdout
     s = summary(tmp_path)
@@ -61,9 +60,7 @@ def test_ray_smoke(tmp_path, algo, env):
     # DDP keeps the ranks' networks equal
     a, b = (rank["loss_module"] for rank in learner["ranks"])
     assert all(torch.equal(a[k], b[k]) for k in a)
-    loss_dir = tmp_path / "logs" / "scalars" / "loss"
-    losses = sorted(p.name for p in loss_dir.glob("*.csv"))
-    assert losses, "no loss/ metrics logged"
+    assert any((tmp_path / "logs" / "scalars" / "loss").glob("*.csv")), "no loss/ metrics logged"
     assert not wait_no_ray(), "Ray processes left behind"
 
 
@@ -77,10 +74,9 @@ def _wait_for_training(proc, run_dir, log, timeout=180.0) -> None:
     assert losses.is_dir(), "the run never trained: " + log.read_text()[-2000:]
 
 
-def test_ray_ctrl_c_saves_and_resume_continues_the_learner(tmp_path):
+def test_ray_ctrl_c_saves_and_leaves_no_ray_process(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it): the run finishes its round, saves every
-    rank's learner state, writes the summary, exits 130 and leaves no Ray process. Resuming restores the ranks and
-    carries on from their version."""
+    rank's learner state, writes the summary, exits 130 and leaves no Ray process."""
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
     proc = start_module("offpolicy.train", "algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "total_frames=100000",
                         "eval.interval_frames=0", f"run_dir={run_dir}", log=log)
@@ -92,33 +88,23 @@ def test_ray_ctrl_c_saves_and_resume_continues_the_learner(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert code == 130, log.read_text()[-3000:]
-    first = summary(run_dir)
-    assert first["status"] == "interrupted" and first["frames"] % 400 == 0 and first["optim_steps"] > 0
+    s = summary(run_dir)
+    assert s["status"] == "interrupted" and s["frames"] % 400 == 0 and s["optim_steps"] > 0
     ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert ckpt["learner"]["model_version"] == first["optim_steps"] == first["policy_version"]
-    assert ckpt["counters"]["collected_frames"] == first["frames"]
+    assert ckpt["learner"]["model_version"] == s["optim_steps"] == s["policy_version"]
+    assert ckpt["counters"]["collected_frames"] == s["frames"]
     assert not wait_no_ray(), "Ray processes left behind after Ctrl-C"
 
-    target = first["frames"] + 800
-    second = run_cli(f"resume={run_dir / 'checkpoints' / 'last.pt'}", f"total_frames={target}",
-                     "eval.final_episodes=0", timeout=280)
-    assert second.returncode == 0, second.stderr[-3000:]
-    s = summary(run_dir)
-    # the replay actor starts empty, but the run is past its prefill: both new rounds optimise
-    assert s["frames"] == target and s["optim_steps"] == first["optim_steps"] + 2 * 50
-    assert s["policy_version"] == s["optim_steps"]
-    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["learner"]["model_version"] == s["optim_steps"]
-    assert not wait_no_ray()
 
-
-def test_killed_collector_stops_the_run_with_an_error(tmp_path):
-    """SIGKILL one collector actor: the run ends within 30 s with one error line, exit 4, a summary and a checkpoint
-    of the learner at that frame count, and no Ray process left."""
-    log = tmp_path / "log.txt"
-    proc = start_module("offpolicy.train", "algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "total_frames=100000",
-                        "eval.interval_frames=0", f"run_dir={tmp_path / 'run'}", log=log)
+def test_ray_dqn_killed_collector_then_resume(tmp_path):
+    """DQN on CartPole with profile=ray_smoke. SIGKILL one collector actor: the run ends within 30 s with one error
+    line, exit 4, a summary and a checkpoint of the learner at that frame count, and no Ray process left. Resuming
+    from that checkpoint restores the ranks and completes the run with every invariant."""
+    run_dir, log = tmp_path / "run", tmp_path / "log.txt"
+    proc = start_module("offpolicy.train", "algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "total_frames=100000",
+                        "eval.interval_frames=0", f"run_dir={run_dir}", log=log)
     try:
-        _wait_for_training(proc, tmp_path / "run", log)
+        _wait_for_training(proc, run_dir, log)
         collectors = [c for c in psutil.Process(proc.pid).children(recursive=True)
                       if c.name().startswith("ray::Collector")]
         assert collectors, "no collector actor is running: " + log.read_text()[-2000:]
@@ -132,10 +118,22 @@ def test_killed_collector_stops_the_run_with_an_error(tmp_path):
     out = log.read_text()
     assert code == 4, out[-3000:]
     assert "error: a Ray collector died (Collector, pid" in out
-    s = summary(tmp_path / "run")
-    assert s["status"] == "failed" and "collector died" in s["error"]
-    ckpt = load_checkpoint(s["checkpoint"])
-    assert ckpt["counters"]["collected_frames"] == s["frames"] and ckpt["learner"]["model_version"] == s["optim_steps"]
+    failed = summary(run_dir)
+    assert failed["status"] == "failed" and "collector died" in failed["error"]
+    ckpt = load_checkpoint(failed["checkpoint"])
+    assert ckpt["counters"]["collected_frames"] == failed["frames"]
+    assert ckpt["learner"]["model_version"] == failed["optim_steps"] > 0
+    assert not wait_no_ray()
+
+    target = failed["frames"] + 800
+    resumed = run_cli(f"resume={failed['checkpoint']}", f"total_frames={target}", timeout=280)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    s = summary(run_dir)
+    # the replay actor starts empty, but the run is past its prefill: both new rounds optimise
+    assert s["status"] == "completed" and s["frames"] == target and s["replay_writes"] == 800
+    assert s["optim_steps"] == failed["optim_steps"] + 2 * 50 == s["policy_version"]
+    assert s["episodes"] > failed["episodes"] and math.isfinite(s["eval_return_last"])
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["learner"]["model_version"] == s["optim_steps"]
     assert not wait_no_ray()
 
 
