@@ -95,7 +95,6 @@ class RolloutStats:
     transitions, keeps the finished episodes and the policy versions, for the driver to :meth:`drain` each round."""
 
     def __init__(self):
-        self.frames = 0  # transitions collected by this actor since the run (re)started
         self._clear()
 
     def _clear(self):
@@ -105,7 +104,6 @@ class RolloutStats:
         self.actions = []
 
     def __call__(self, rollout) -> None:
-        self.frames += rollout.numel()
         self.round_frames += rollout.numel()
         done = rollout["next", "done"].reshape(-1)
         if done.any():
@@ -119,8 +117,8 @@ class RolloutStats:
         self.actions.append(rollout["action"].reshape(rollout.numel(), -1).float())
 
     def drain(self) -> dict:
-        """This round's statistics (and the running frame count); starts a new round."""
-        out = {"frames": self.frames, "round_frames": self.round_frames, "returns": self.returns,
+        """This round's statistics; starts a new round."""
+        out = {"round_frames": self.round_frames, "returns": self.returns,
                "lengths": self.lengths, "version_lo": self.version_lo, "version_hi": self.version_hi,
                "reward_sum": self.reward_sum,
                "actions": torch.cat(self.actions) if self.actions else torch.zeros(0, 1)}

@@ -181,7 +181,7 @@ def test_ray_nccl_learner(tmp_path):
 # --- the per-round invariants, without Ray -------------------------------------------------------------------------
 
 def _round_stats(frames, version, returns=()):
-    return {"frames": frames, "round_frames": frames, "returns": list(returns), "lengths": [200] * len(returns),
+    return {"round_frames": frames, "returns": list(returns), "lengths": [200] * len(returns),
             "version_lo": version, "version_hi": version, "reward_sum": -1.0 * frames,
             "actions": torch.zeros(frames, 1)}
 
