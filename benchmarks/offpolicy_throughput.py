@@ -7,8 +7,15 @@ phase (after prefill), at UTD 1, batch 256 and 256x256 MLPs; SAC, TD3 and DDPG o
 Each case is a fresh ``python -m offpolicy.train`` run with evaluation off and metrics logged every batch; the figures
 are learning-phase frames (or updates) over the wall time of those batches (collection + learning), and over the
 process's CPU time (``*_per_cpu_s``: the figure that stays meaningful when other jobs share the 2 cores; one torch
-thread, so a CPU-second is a core-second). Prints JSON lines and appends them to
-benchmarks/results/offpolicy_throughput.jsonl.
+thread, so a CPU-second is a core-second).
+
+Each case is then repeated by benchmarks/offpolicy_reference.py, the same work in plain PyTorch + Gymnasium the
+CleanRL way (one env, a tensor ring buffer, the same networks, batch, UTD, prefill and targets; torch's default
+threads), in its own fresh process and for as many learning-phase steps as the engine's learning-phase frames:
+``reference_env_steps_per_s`` is its figure and ``ratio_to_reference`` the engine's ``env_steps_per_s`` over it
+(above 1: the engine is faster). Both DQN cases get a reference at their own UTD, batch and hidden sizes.
+
+Prints JSON lines and appends them to benchmarks/results/offpolicy_throughput.jsonl.
 """
 from __future__ import annotations
 
@@ -36,6 +43,13 @@ CASES = {
     "dqn-cleanrl": ["algo=dqn", "env=CartPole-v1", *COMMON, "optim.utd_ratio=0.1", "optim.batch_size=128",
                     "model.hidden=[120,84]"],
 }
+PREFILL = 1000  # collector.prefill_frames in COMMON
+# benchmarks/offpolicy_reference.py arguments of each case (same algorithm, UTD, batch and hidden sizes)
+REFERENCE = {
+    "sac": ["sac"], "td3": ["td3"], "ddpg": ["ddpg"],
+    "dqn": ["dqn", "utd=1", "batch=256", "hidden=256,256"],
+    "dqn-cleanrl": ["dqn", "utd=0.1", "batch=128", "hidden=120,84"],
+}
 
 
 def measure(name: str, frames: int) -> dict:
@@ -61,7 +75,20 @@ def measure(name: str, frames: int) -> dict:
             "env_steps_per_cpu_s": (frames_logged[last] - frames_logged[first]) / cpu_s,
             "updates_per_cpu_s": (optim[last] - optim[first]) / cpu_s,
             "learner_updates_per_s": sum(ups[i] for i in learning) / len(learning),
-            "collector_steps_per_s": sum(fps[i] for i in learning) / len(learning), "frames": frames}
+            "collector_steps_per_s": sum(fps[i] for i in learning) / len(learning), "frames": frames,
+            "learning_frames": len(learning) * batch}
+
+
+def measure_reference(name: str, steps: int) -> float:
+    """env steps/s of the plain-PyTorch reference for case ``name`` over ``steps`` learning-phase steps, in a fresh
+    process (its own torch threads)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "offpolicy_reference.py"), *REFERENCE[name], f"steps={steps}",
+           f"prefill={PREFILL}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference {name} failed: {proc.stderr[-2000:]}")
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return next(line["value"] for line in lines if line["metric"] == "env_steps_per_s")
 
 
 def main(argv: list[str]) -> None:
@@ -72,10 +99,14 @@ def main(argv: list[str]) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for name in names:
         r = measure(name, frames)
+        r["reference_env_steps_per_s"] = measure_reference(name, r["learning_frames"])
+        r["ratio_to_reference"] = r["env_steps_per_s"] / r["reference_env_steps_per_s"]
         for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"),
                              ("env_steps_per_cpu_s", "steps/cpu-s"), ("updates_per_cpu_s", "updates/cpu-s"),
-                             ("learner_updates_per_s", "updates/s"), ("collector_steps_per_s", "steps/s")):
-            line = {"bench": f"offpolicy_throughput/{name}", "metric": metric, "value": round(r[metric], 1),
+                             ("learner_updates_per_s", "updates/s"), ("collector_steps_per_s", "steps/s"),
+                             ("reference_env_steps_per_s", "steps/s"), ("ratio_to_reference", "x")):
+            digits = 3 if metric == "ratio_to_reference" else 1
+            line = {"bench": f"offpolicy_throughput/{name}", "metric": metric, "value": round(r[metric], digits),
                     "unit": unit}
             print(json.dumps(line), flush=True)
             with out.open("a") as f:

@@ -1,26 +1,27 @@
-"""Which parts each algorithm uses: networks, collection policy (with its exploration), loss, target updater,
-optimisers and the torchrl trainer class. Where the parts run (local collector, replay, learner) is engine.py's job.
+"""Which parts each algorithm uses: networks, collection policy (with its exploration), torchrl loss, optimisers and
+target networks. Where the parts run (in this process or on Ray) is the engine's job (offpolicy/engines/).
 
-Every builder returns an :class:`AlgoParts`; the loop in train.py never branches on the algorithm.
+Every builder returns an :class:`AlgoParts`; the loop never branches on the algorithm.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, Callable
+import warnings
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig
-from tensordict import TensorDict
 from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequential
 from torch import nn
-from torchrl.trainers.algorithms import DDPGTrainer
 
-from offpolicy.updates import OptimGroup, PerNetworkStepper, TargetUpdate
+from offpolicy.learner import SAMPLE_CHUNK, Learner
+from offpolicy.updates import OptimGroup, TargetUpdate
 from shared.models import AtariTrunk, PixelEncoder, mlp
 
 ALGOS = ("dqn", "sac", "ddpg", "td3")
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
+# torchrl warns when a loss with target parameters has no torchrl updater attached; ours is updates.TargetUpdate
+warnings.filterwarnings("ignore", message="No target network updater has been associated")
 
 
 @dataclass
@@ -29,20 +30,43 @@ class AlgoParts:
 
     collect_policy: nn.Module  # what the collector runs: stochastic (samples, noise or epsilon-greedy)
     eval_policy: nn.Module  # deterministic: the loss's actor (greedy Q network for DQN)
-    exploration: nn.Module | None  # annealed module published with the actor (None for SAC)
+    exploration: nn.Module | None  # annealed by collected frames, published with the actor (None for SAC)
     loss: nn.Module
-    target_updater: Any
-    optimizers: dict[str, torch.optim.Optimizer]  # checkpointed by name
-    trainer_cls: type
-    stepper: PerNetworkStepper | None = None  # actor-critic algorithms: one optimiser per network
-    trainer_kwargs: dict = field(default_factory=dict)  # algorithm-specific trainer arguments
-    exploration_value: Callable[[], float] | None = None  # current epsilon / sigma, for train/ metrics
+    groups: list[OptimGroup]  # one optimiser per network, checkpointed by name
+    target_updater: TargetUpdate
+    critic_only_method: str | None = None  # TD3: the critic loss alone, for steps where the actor is not due
+    critic_loss_key: str = "loss_qvalue"
+    targets_follow: str | None = None  # TD3: targets move only on steps that updated this optimiser's network
+    exploration_value: Callable[[], float] = lambda: 0.0  # current epsilon / sigma / alpha, for train/ metrics
     discrete: bool = False
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {g.name: g.optimizer for g in self.groups}
+
+    def action_bounds(self, action_spec) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Low and high action bounds (None for discrete actions), for the action statistics."""
+        if self.discrete:
+            return None
+        return action_spec.space.low.float(), action_spec.space.high.float()
 
 
 def build_parts(cfg: DictConfig, env) -> AlgoParts:
-    """Build the parts of ``cfg.algo`` for ``env`` (a torchrl env: only its specs are read)."""
+    """Build the parts of ``cfg.algo`` for ``env`` (anything with torchrl ``*_spec_unbatched``: only specs are
+    read)."""
     return {"dqn": _dqn, "sac": _sac, "ddpg": _ddpg, "td3": _td3}[cfg.algo](cfg, env)
+
+
+def make_learner(cfg: DictConfig, parts: AlgoParts, action_spec, *, sample_shape: tuple[int, ...],
+                 grad_sync=None, chunk: int = SAMPLE_CHUNK, device: torch.device | None = None) -> Learner:
+    """The learner over ``parts``: uniform replay is sampled ``chunk`` batches per call (prioritized and sliced
+    replay one batch per call, as priorities change after every step)."""
+    return Learner(parts.loss, parts.groups, parts.target_updater, sample_shape=sample_shape,
+                   critic_only_method=parts.critic_only_method, critic_loss_key=parts.critic_loss_key,
+                   targets_follow=parts.targets_follow,
+                   chunk=1 if cfg.replay.prioritized or cfg.replay.slice_len else chunk,
+                   check_every=cfg.invariants.check_every, action_bounds=parts.action_bounds(action_spec),
+                   grad_sync=grad_sync, device=device)
 
 
 def make_loss(cfg: DictConfig, actor, critic, action_spec):
@@ -56,10 +80,11 @@ def make_loss(cfg: DictConfig, actor, critic, action_spec):
     elif cfg.algo == "sac":
         target_entropy = "auto" if cfg.sac.target_entropy == "auto" else float(cfg.sac.target_entropy)
         loss = SACLoss(actor, critic, num_qvalue_nets=2, loss_function=fn, alpha_init=cfg.sac.alpha_init,
-                       fixed_alpha=cfg.sac.fixed_alpha, target_entropy=target_entropy, action_spec=action_spec)
+                       fixed_alpha=cfg.sac.fixed_alpha, target_entropy=target_entropy, action_spec=action_spec,
+                       deactivate_vmap=DEACTIVATE_VMAP)
     elif cfg.algo == "td3":
         loss = TD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2, policy_noise=cfg.td3.target_noise,
-                       noise_clip=cfg.td3.noise_clip, loss_function=fn)
+                       noise_clip=cfg.td3.noise_clip, loss_function=fn, deactivate_vmap=DEACTIVATE_VMAP)
     else:
         loss = DDPGLoss(actor, critic, loss_function=fn, delay_actor=True, delay_value=True)
     estimator = {"td0": ValueEstimators.TD0, "td1": ValueEstimators.TD1, "tdlambda": ValueEstimators.TDLambda}
@@ -68,11 +93,15 @@ def make_loss(cfg: DictConfig, actor, critic, action_spec):
     return loss
 
 
-def make_target_updater(cfg: DictConfig, loss, when=None) -> TargetUpdate:
-    """Soft (``target.tau``) or hard (a copy every ``target.hard_every`` updates) target networks; ``when`` gates the
-    updates (TD3: only with the actor)."""
+# SACLoss / TD3Loss evaluate their two Q networks with vmap unless told to loop over them (measured in
+# benchmarks/offpolicy_update_cost.py)
+DEACTIVATE_VMAP = False
+
+
+def make_target_updater(cfg: DictConfig, loss) -> TargetUpdate:
+    """Soft (``target.tau``) or hard (a copy every ``target.hard_every`` updates) target networks."""
     hard_every = cfg.target.hard_every if cfg.target.mode == "hard" else None
-    return TargetUpdate(loss, tau=cfg.target.tau, hard_every=hard_every, when=when)
+    return TargetUpdate(loss, tau=cfg.target.tau, hard_every=hard_every)
 
 
 def _adam(cfg: DictConfig, params, network: str) -> torch.optim.Adam:
@@ -178,7 +207,6 @@ def _noise_value(module) -> Callable[[], float]:
 
 def _dqn(cfg, env) -> AlgoParts:
     from torchrl.modules import EGreedyModule, QValueActor
-    from torchrl.trainers.algorithms import DQNTrainer
 
     obs_spec, action_spec = _specs(env)
     n_actions = action_spec.shape[-1]
@@ -191,19 +219,16 @@ def _dqn(cfg, env) -> AlgoParts:
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
                            annealing_num_steps=cfg.dqn.eps_anneal_frames)
     loss = make_loss(cfg, None, qnet, action_spec)
-    # one network: the trainer's own optimiser step and gradient clip (optim.max_grad_norm)
     optimizer = _adam(cfg, loss.value_network_params.flatten_keys().values(), "actor")
     return AlgoParts(
         collect_policy=TensorDictSequential(qnet, greedy), eval_policy=qnet, exploration=greedy, loss=loss,
-        target_updater=make_target_updater(cfg, loss), optimizers={"q": optimizer}, trainer_cls=DQNTrainer,
-        trainer_kwargs={"optimizer": optimizer, "greedy_module": greedy},
-        exploration_value=lambda: float(greedy.eps), discrete=True,
+        groups=[OptimGroup("q", optimizer, ("loss",), cfg.optim.max_grad_norm)],
+        target_updater=make_target_updater(cfg, loss), exploration_value=lambda: float(greedy.eps), discrete=True,
     )
 
 
 def _sac(cfg, env) -> AlgoParts:
     from torchrl.modules import ProbabilisticActor, TanhNormal
-    from torchrl.trainers.algorithms import SACTrainer
 
     obs_spec, action_spec = _specs(env)
     action_dim = action_spec.shape[-1]
@@ -219,9 +244,8 @@ def _sac(cfg, env) -> AlgoParts:
     if not cfg.sac.fixed_alpha:
         groups.append(OptimGroup("alpha", torch.optim.Adam([loss.log_alpha], lr=cfg.sac.alpha_lr), ("loss_alpha",)))
     return AlgoParts(
-        collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
-        target_updater=make_target_updater(cfg, loss), optimizers={g.name: g.optimizer for g in groups},
-        trainer_cls=SACTrainer, stepper=PerNetworkStepper(groups),
+        collect_policy=actor, eval_policy=actor, exploration=None, loss=loss, groups=groups,
+        target_updater=make_target_updater(cfg, loss),
         exploration_value=lambda: float(loss.log_alpha.detach().exp()),
     )
 
@@ -232,19 +256,15 @@ def _ddpg(cfg, env) -> AlgoParts:
     actor = _continuous_actor(cfg, obs_spec, action_spec)
     noise = _noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_frames)
     loss = make_loss(cfg, actor, _qvalue(cfg, obs_spec, action_dim), action_spec)
-    groups = _actor_critic_groups(cfg, loss, loss.value_network_params, "loss_value")
     return AlgoParts(
         collect_policy=actor if noise is None else TensorDictSequential(actor, noise), eval_policy=actor,
-        exploration=noise, loss=loss, target_updater=make_target_updater(cfg, loss),
-        optimizers={g.name: g.optimizer for g in groups}, trainer_cls=ExploringDDPGTrainer,
-        stepper=PerNetworkStepper(groups), trainer_kwargs={"exploration_module": noise},
+        exploration=noise, loss=loss, groups=_actor_critic_groups(cfg, loss, loss.value_network_params, "loss_value"),
+        target_updater=make_target_updater(cfg, loss), critic_loss_key="loss_value",
         exploration_value=_noise_value(noise),
     )
 
 
 def _td3(cfg, env) -> AlgoParts:
-    from torchrl.trainers.algorithms.td3 import TD3Trainer
-
     obs_spec, action_spec = _specs(env)
     action_dim = action_spec.shape[-1]
     actor = _continuous_actor(cfg, obs_spec, action_spec)
@@ -252,37 +272,9 @@ def _td3(cfg, env) -> AlgoParts:
     loss = make_loss(cfg, actor, _qvalue(cfg, obs_spec, action_dim), action_spec)
     groups = _actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue",
                                   actor_every=cfg.td3.policy_delay)
-    stepper = PerNetworkStepper(groups, critic_only_method="value_loss")
+    # Fujimoto et al. 2018: the actor and the targets move every policy_delay critic steps
     return AlgoParts(
         collect_policy=TensorDictSequential(actor, noise), eval_policy=actor, exploration=noise, loss=loss,
-        target_updater=make_target_updater(cfg, loss, when=lambda: stepper.is_due("actor")),
-        optimizers={g.name: g.optimizer for g in groups}, trainer_cls=TD3Trainer, stepper=stepper,
-        trainer_kwargs={"optimization_stepper": stepper, "exploration_module": noise},
-        exploration_value=_noise_value(noise),
+        groups=groups, target_updater=make_target_updater(cfg, loss), critic_only_method="value_loss",
+        targets_follow="actor", exploration_value=_noise_value(noise),
     )
-
-
-class ExploringDDPGTrainer(DDPGTrainer):
-    """torchrl's DDPGTrainer plus an optional ``exploration_module``, as TD3Trainer has.
-
-    torchrl 0.14.1's DDPGTrainer publishes the bare actor's weights, which do not match a collector policy
-    ``TensorDictSequential(actor, noise)`` (KeyError on ``('module', '0', ...)``). Here the published weights are those
-    of actor + exploration, while the loss and the evaluator keep the deterministic actor.
-    """
-
-    def __init__(self, *, exploration_module: nn.Module | None = None, **kwargs):
-        super().__init__(**kwargs)
-        self.exploration_module = exploration_module
-        if exploration_module is not None and self.learner_backend == "local":
-            from torchrl.trainers.trainers import UpdateWeights
-
-            # Drop the parent's bare-actor publisher (register_op wraps it; __wrapped__ is the hook itself).
-            self._post_steps_ops = [(op, kw) for op, kw in self._post_steps_ops
-                                    if not isinstance(getattr(op, "__wrapped__", None), UpdateWeights)]
-            source = TensorDictSequential(self.loss_module.actor_network, exploration_module)
-            self.register_op("post_steps", UpdateWeights(self.collector, 1,
-                                                         policy_weights_getter=partial(TensorDict.from_module, source)))
-
-    def _execution_weight_publication(self):
-        # Ray learner backend: publish actor + exploration, as TD3Trainer does.
-        return self._compose_execution_weight_publication(self.exploration_module)

@@ -12,8 +12,9 @@ import math
 import psutil
 from omegaconf import DictConfig
 
-from offpolicy import engine
-from offpolicy.train import ALIASES, CONFIG_DIR, GROUPS, compose_config
+from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
+from offpolicy.envs import make_train_env
+from offpolicy.replay import optim_steps_per_batch
 from shared.config import help_text, run_cli
 
 USAGE = "usage: python -m offpolicy.plan [algo=dqn|sac|ddpg|td3] profile=NAME [key=value ...]"
@@ -26,7 +27,7 @@ def transition_bytes(cfg: DictConfig) -> int:
     from omegaconf import OmegaConf
 
     one = OmegaConf.merge(cfg, {"env": {"num_envs": 1, "obs_norm": False}})
-    env = engine.make_train_env(one)
+    env = make_train_env(one)
     try:
         step = env.rollout(1)[0]
     finally:
@@ -45,7 +46,7 @@ def make_plan(cfg: DictConfig) -> dict:
     per_round = cfg.collector.frames_per_batch
     rounds = math.ceil(cfg.total_frames / per_round)
     prefill_rounds = max(math.ceil(cfg.collector.prefill_frames / per_round) - 1, 0)  # rounds with no optimiser step
-    steps = engine.optim_steps_per_batch(cfg)
+    steps = optim_steps_per_batch(cfg)
     per_transition = transition_bytes(cfg)
     replay_bytes = per_transition * cfg.replay.size
     memory = psutil.virtual_memory()
@@ -66,7 +67,7 @@ def make_plan(cfg: DictConfig) -> dict:
         "eval_episodes": cfg.eval.episodes, "eval_max_episode_steps": cfg.eval.max_episode_steps,
     }
     if ray:
-        from offpolicy.ray_engine import ray_resources
+        from offpolicy.engines.ray import ray_resources
 
         plan["resources"] = ray_resources(cfg)
     return plan

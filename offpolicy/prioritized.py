@@ -11,11 +11,11 @@ Everything else (priority transform, max-priority for new items, importance weig
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler, PrioritizedSliceSampler
+
+from shared import compat
 
 
 class TorchSegmentTree:
@@ -92,26 +92,11 @@ class TorchSegmentTree:
         return (node - self.size).clamp_max_(self.capacity - 1).numpy()
 
 
-class _TorchTrees:
-    """Mixin: build and checkpoint :class:`TorchSegmentTree` s where torchrl builds and pickles its C++ trees."""
+class _TorchTrees(compat.PrioritizedTreesHook):
+    """Mixin: torchrl's sampler on :class:`TorchSegmentTree` s (the hook into torchrl's tree building is in
+    shared/compat.py)."""
 
-    def _init(self) -> None:
-        self._sum_tree = TorchSegmentTree(self._max_capacity, "sum", self.dtype)
-        self._min_tree = TorchSegmentTree(self._max_capacity, "min", self.dtype)
-
-    def state_dict(self) -> dict[str, Any]:
-        # tensors instead of tree objects, so checkpoints load with torch.load(weights_only=True)
-        state = super().state_dict()
-        state["_sum_tree"] = self._sum_tree.values.clone()
-        state["_min_tree"] = self._min_tree.values.clone()
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        trees = {k: state_dict[k] for k in ("_sum_tree", "_min_tree")}
-        super().load_state_dict({**state_dict, "_sum_tree": None, "_min_tree": None})
-        self._init()
-        self._sum_tree.set_all(trees["_sum_tree"])
-        self._min_tree.set_all(trees["_min_tree"])
+    tree_class = TorchSegmentTree
 
 
 class TorchPrioritizedSampler(_TorchTrees, PrioritizedSampler):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shared import compat
 from shared.config import ConfigError
 
 
@@ -268,9 +269,8 @@ def _current_gl_context_wrapper() -> type:
         """
 
         def render(self):
-            base = self.env.unwrapped
             with _keep_current_egl_context():
-                base.mujoco_renderer._get_viewer(base.render_mode).make_context_current()
+                compat.make_mujoco_context_current(self.env)
                 return self.env.render()
 
     return CurrentGLContext
@@ -306,21 +306,20 @@ def _dmc_base(name: str, *, render: bool, from_pixels: bool, image_size: int):
         env = DMControlWrapper(raw, from_pixels=True, pixels_only=True,
                                render_kwargs={"height": image_size, "width": image_size, "camera_id": 0})
     if render:
-        _attach_dmc_render(env._env)
+        _attach_dmc_render(compat.gym_env_of(env))
     return env
 
 
 def _attach_dmc_render(dm_env, height: int = 240, width: int = 320, camera_id: int = 0) -> None:
     """Give a dm_control env a Gymnasium-style ``render()`` returning an RGB frame ``[H, W, 3]`` uint8, so video code
-    that calls ``env.base_env._env.render()`` works for both backends."""
+    that calls ``compat.gym_env_of(env).render()`` works for both backends."""
     physics = dm_env.physics
     dm_env.render = lambda: np.array(physics.render(height=height, width=width, camera_id=camera_id), copy=True)
 
 
 def render_frame(env) -> np.ndarray:
     """An RGB frame ``[H, W, 3]`` uint8 (a copy) of a single env made by :func:`make_env` with ``render=True``."""
-    base = env.base_env if hasattr(env, "base_env") else env
-    return np.array(base._env.render(), copy=True)  # rendered frames have negative strides
+    return np.array(compat.gym_env_of(env).render(), copy=True)  # rendered frames have negative strides
 
 
 def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = False,

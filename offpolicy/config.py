@@ -1,0 +1,182 @@
+"""The off-policy engine's config: defaults (configs/offpolicy/), groups (algo, profile), the rules each key obeys and
+the checks across keys. A broken rule is one ConfigError (the entry points print it as one ``error:`` line, exit 2).
+"""
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from offpolicy.algorithms import ACTIVATIONS, ALGOS
+from offpolicy.envs import is_atari
+from shared.checkpoint import load_checkpoint
+from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, compose, parse_overrides
+from shared.envs import check_gym_name
+from shared.logging import BACKENDS
+
+CONFIG_DIR = CONFIG_ROOT / "offpolicy"
+ALIASES = {"env": "env.name", "lr": "optim.lr", "utd": "optim.utd_ratio"}
+GROUPS = (Group("algo", may_add_keys=True), Group("profile"))
+
+
+def _positive_ints(key):
+    def check(value):
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+            raise ConfigError(f"{key}={value!r} is not allowed; allowed: a non-empty list of positive integers")
+    return check
+
+
+RULES = {
+    "env.num_envs": Rule(min=1, integer=True),
+    "total_frames": Rule(min=1, integer=True),
+    "seed": Rule(min=0, integer=True),
+    "threads": Rule(min=1, integer=True),
+    "collector.frames_per_batch": Rule(min=1, integer=True),
+    "collector.prefill_frames": Rule(min=0, integer=True),
+    "model.hidden": Rule(check=_positive_ints("model.hidden")),
+    "model.activation": Rule(choices=tuple(ACTIVATIONS)),
+    "optim.utd_ratio": Rule(min=1e-9),
+    "optim.batch_size": Rule(min=1, integer=True),
+    "optim.lr": Rule(min=1e-12),
+    "optim.critic_lr": Rule(min=1e-12),
+    "optim.weight_decay": Rule(min=0),
+    "optim.critic_weight_decay": Rule(min=0),
+    "optim.max_grad_norm": Rule(min=1e-12, nullable=True),
+    "optim.critic_max_grad_norm": Rule(min=1e-12, nullable=True),
+    "loss.value_estimator": Rule(choices=("td0", "td1", "tdlambda")),
+    "loss.gamma": Rule(min=0, max=1),
+    "loss.lmbda": Rule(min=0, max=1),
+    "loss.function": Rule(choices=("l2", "smooth_l1")),
+    "target.mode": Rule(choices=("soft", "hard")),
+    "target.tau": Rule(min=1e-9, max=0.5),
+    "target.hard_every": Rule(min=1, integer=True),
+    "replay.size": Rule(min=1, integer=True),
+    "replay.storage": Rule(choices=("memory", "memmap")),
+    "replay.alpha": Rule(min=0),
+    "replay.beta": Rule(min=0),
+    "replay.slice_len": Rule(min=2, integer=True, nullable=True),
+    "env.vector": Rule(choices=("serial", "process")),
+    "env.image_size": Rule(min=36, integer=True),
+    "env.obs_norm_init_steps": Rule(min=2, integer=True),
+    "eval.interval_frames": Rule(min=0, integer=True),
+    "eval.episodes": Rule(min=1, integer=True),
+    "eval.final_episodes": Rule(min=0, integer=True),
+    "eval.max_episode_steps": Rule(min=1, integer=True),
+    "logger.backend": Rule(choices=BACKENDS),
+    "logger.interval_s": Rule(min=0),
+    "checkpoint.interval_s": Rule(min=0),
+    "invariants.check_every": Rule(min=1, integer=True),
+    "optim.replay_ratio": Rule(min=1e-12, nullable=True),
+    "engine": Rule(choices=("local", "ray")),
+    "ray.num_cpus": Rule(min=1, integer=True, nullable=True),
+    "ray.num_gpus": Rule(min=0, integer=True, nullable=True),
+    "ray.num_collectors": Rule(min=1, integer=True),
+    "ray.collector_cpus": Rule(min=0),
+    "ray.collector_gpus": Rule(min=0),
+    "ray.world_size": Rule(min=1, integer=True),
+    "ray.backend": Rule(choices=("gloo", "nccl")),
+    "ray.learner_cpus": Rule(min=0),
+    "ray.learner_gpus": Rule(min=0),
+    "ray.prefetch": Rule(min=0, integer=True),
+    "ray.setup_timeout_s": Rule(min=1),
+    "ray.step_timeout_s": Rule(min=1),
+}
+_NOISE = {"noise": Rule(choices=("gaussian", "ou")), "sigma": Rule(min=1e-9), "sigma_end": Rule(min=0),
+          "anneal_frames": Rule(min=1, integer=True)}
+ALGO_RULES = {
+    "dqn": {"dqn.eps_init": Rule(min=0, max=1), "dqn.eps_end": Rule(min=0, max=1),
+            "dqn.eps_anneal_frames": Rule(min=1, integer=True)},
+    "sac": {"sac.alpha_init": Rule(min=1e-9), "sac.alpha_lr": Rule(min=1e-12)},
+    "ddpg": {**{f"ddpg.{k}": r for k, r in _NOISE.items()},
+             "ddpg.noise": Rule(choices=("gaussian", "ou", "none"))},
+    "td3": {**{f"td3.{k}": r for k, r in _NOISE.items()}, "td3.policy_delay": Rule(min=1, integer=True),
+            "td3.target_noise": Rule(min=0), "td3.noise_clip": Rule(min=0)},
+}
+
+
+def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
+    """Compose and validate the config; with ``resume=PATH`` the checkpoint's config is the base. Returns
+    ``(cfg, checkpoint or None)``."""
+    overrides = parse_overrides(argv, ALIASES)
+    checkpoint = load_checkpoint(overrides["resume"]) if overrides.get("resume") not in (None, "", "null") else None
+    base = checkpoint["config"] if checkpoint is not None else None
+    if base is not None and overrides.get("algo", base["algo"]) != base["algo"]:
+        raise ConfigError(f"algo={overrides['algo']!r} differs from the resumed run's; allowed: {base['algo']}")
+    cfg = compose(CONFIG_DIR, overrides, groups=GROUPS, rules=RULES, base=base)
+    if cfg.algo not in ALGOS:
+        raise ConfigError(f"algo={cfg.algo!r} is not allowed; allowed: {', '.join(ALGOS)}")
+    for key, rule in ALGO_RULES[cfg.algo].items():
+        rule.validate(key, OmegaConf.select(cfg, key))
+    if is_atari(cfg):
+        if cfg.algo != "dqn":
+            raise ConfigError(f"env.name={cfg.env.name!r} is an ALE game; allowed for {cfg.algo}: a continuous-action "
+                              "Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5)")
+    else:
+        check_gym_name(cfg.env.name)
+    steps = cfg.optim.utd_ratio * cfg.collector.frames_per_batch
+    if abs(steps - round(steps)) > 1e-6 or round(steps) < 1:
+        raise ConfigError(f"optim.utd_ratio={cfg.optim.utd_ratio} gives {steps:g} optimiser steps per batch of "
+                          f"collector.frames_per_batch={cfg.collector.frames_per_batch}; allowed: a utd_ratio that "
+                          "makes it a positive integer")
+    if cfg.collector.frames_per_batch % cfg.env.num_envs:
+        raise ConfigError(f"collector.frames_per_batch={cfg.collector.frames_per_batch} is not allowed; allowed: a "
+                          f"multiple of env.num_envs={cfg.env.num_envs}")
+    if not cfg.optim.batch_size <= max(cfg.collector.prefill_frames, cfg.collector.frames_per_batch):
+        raise ConfigError(f"optim.batch_size={cfg.optim.batch_size} is not allowed; allowed: <= "
+                          "max(collector.prefill_frames, collector.frames_per_batch), so the first sample can be drawn")
+    if cfg.replay.slice_len and cfg.optim.batch_size % cfg.replay.slice_len:
+        raise ConfigError(f"replay.slice_len={cfg.replay.slice_len} is not allowed; allowed: a divisor of "
+                          f"optim.batch_size={cfg.optim.batch_size} (each step replays batch_size transitions)")
+    if cfg.loss.value_estimator != "td0" and not cfg.replay.slice_len:
+        raise ConfigError(f"loss.value_estimator={cfg.loss.value_estimator} is not allowed without "
+                          "replay.slice_len; allowed: td0, or set replay.slice_len so targets run along trajectories")
+    if cfg.env.from_pixels and cfg.env.obs_norm:
+        raise ConfigError("env.obs_norm=true is not allowed with env.from_pixels=true; allowed: obs_norm for state "
+                          "observations (images are scaled by 1/255 in the encoder)")
+    if cfg.collector.prefill_frames > cfg.replay.size:
+        raise ConfigError(f"collector.prefill_frames={cfg.collector.prefill_frames} is not allowed; allowed: <= "
+                          f"replay.size={cfg.replay.size}")
+    ratio = cfg.optim.batch_size * cfg.optim.utd_ratio
+    if cfg.optim.replay_ratio is not None and abs(ratio - cfg.optim.replay_ratio) > 1e-6 * ratio:
+        raise ConfigError(f"optim.replay_ratio={cfg.optim.replay_ratio} is not allowed; allowed: optim.batch_size * "
+                          f"optim.utd_ratio = {ratio:g} (or null)")
+    if cfg.engine == "ray":
+        _check_ray(cfg)
+    return cfg, checkpoint
+
+
+def _check_ray(cfg: DictConfig) -> None:
+    """What the Ray engine needs on top of the local checks."""
+    ray_cfg = cfg.ray
+    if cfg.optim.batch_size % ray_cfg.world_size:
+        raise ConfigError(f"optim.batch_size={cfg.optim.batch_size} is not allowed; allowed: a multiple of "
+                          f"ray.world_size={ray_cfg.world_size} (the global batch is split evenly over the ranks)")
+    per_round = ray_cfg.num_collectors * cfg.env.num_envs
+    if cfg.collector.frames_per_batch % per_round:
+        raise ConfigError(f"collector.frames_per_batch={cfg.collector.frames_per_batch} is not allowed; allowed: a "
+                          f"multiple of ray.num_collectors * env.num_envs = {per_round}")
+    if ray_cfg.backend == "nccl" and (ray_cfg.learner_gpus < 1 or not float(ray_cfg.learner_gpus).is_integer()):
+        raise ConfigError(f"ray.learner_gpus={ray_cfg.learner_gpus} is not allowed with ray.backend=nccl; allowed: a "
+                          "whole number >= 1 (NCCL needs one GPU per rank)")
+    if ray_cfg.backend == "gloo" and ray_cfg.learner_gpus:
+        raise ConfigError(f"ray.learner_gpus={ray_cfg.learner_gpus} is not allowed with ray.backend=gloo; allowed: 0 "
+                          "(or ray.backend=nccl)")
+    local_only = {"replay.storage": (cfg.replay.storage, "memory"), "replay.prioritized": (cfg.replay.prioritized, False),
+                  "replay.slice_len": (cfg.replay.slice_len, None),
+                  "replay.in_checkpoint": (cfg.replay.in_checkpoint, False)}
+    for key, (value, allowed) in local_only.items():
+        if value != allowed:
+            raise ConfigError(f"{key}={value!r} is not allowed with engine=ray; allowed: "
+                              f"{str(allowed).lower() if allowed is not None else 'null'} (the Ray replay actor is a "
+                              "uniform in-memory FIFO)")
+
+
+def check_action_space(cfg: DictConfig, env) -> None:
+    """The algorithm fits the env's actions: discrete for DQN, bounded continuous for SAC, TD3 and DDPG."""
+    from torchrl.data import Bounded, OneHot
+
+    spec = env.action_spec_unbatched
+    if cfg.algo == "dqn" and not isinstance(spec, OneHot):
+        raise ConfigError(f"env.name={cfg.env.name!r} has continuous actions; allowed for dqn: a discrete-action "
+                          "env (CartPole-v1, an ALE game such as Pong)")
+    if cfg.algo != "dqn" and not isinstance(spec, Bounded):
+        raise ConfigError(f"env.name={cfg.env.name!r} has no bounded continuous actions; allowed for {cfg.algo}: "
+                          "HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5 or another Box-action env")

@@ -1,0 +1,30 @@
+"""Where the loop's parts run: ``engine=local`` (this process) or ``engine=ray`` (collector actors, a replay actor and
+learner ranks). :func:`make_engine` is the one place where the choice is made."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from offpolicy.engines.base import Engine
+
+
+def make_engine(cfg: DictConfig, env, parts, run_dir: Path) -> Engine:
+    """The engine ``cfg.engine`` names, built around ``parts`` (offpolicy/algorithms.py) and the training env's
+    specs."""
+    if cfg.engine == "ray":
+        from offpolicy.engines.ray import RayEngine
+
+        return RayEngine(cfg, env, parts)
+    from offpolicy.engines.local import LocalEngine
+
+    return LocalEngine(cfg, env, parts, run_dir)
+
+
+def describe_failure(exc: BaseException) -> str | None:
+    """One line for a failure an engine reports (a Ray actor died or timed out); None when ``exc`` is not one."""
+    try:
+        from offpolicy.engines.ray import describe_ray_failure
+    except ImportError:  # Ray is not installed: no Ray failure is possible
+        return None
+    return describe_ray_failure(exc)

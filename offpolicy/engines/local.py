@@ -1,0 +1,72 @@
+"""The local engine: collector, replay buffer and learner in this process (torchrl ``Collector``, a torchrl replay
+buffer, and :class:`offpolicy.learner.Learner`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from offpolicy.algorithms import AlgoParts, make_learner
+from offpolicy.engines.base import Engine, Rollout, RolloutStats
+from offpolicy.replay import make_replay_buffer, replay_state, restore_replay, sample_shape
+
+
+def make_collector(cfg: DictConfig, env, policy):
+    """A local ``Collector`` running the stochastic policy; transitions carry the ``policy_version`` they were
+    collected with (bumped by every weight publication)."""
+    from torchrl.collectors import Collector
+    from torchrl.envs.llm.transforms import PolicyVersion
+    from torchrl.envs.utils import ExplorationType
+
+    # an explicit PolicyVersion: track_policy_version=True refuses batched (Serial/Parallel) envs
+    return Collector(env, policy, frames_per_batch=cfg.collector.frames_per_batch, total_frames=-1,
+                     exploration_type=ExplorationType.RANDOM, track_policy_version=PolicyVersion(),
+                     auto_register_policy_transforms=False)
+
+
+class LocalEngine(Engine):
+    """Everything in this process: the collector runs ``parts.collect_policy`` itself, so publishing only bumps its
+    policy version."""
+
+    def __init__(self, cfg: DictConfig, env, parts: AlgoParts, run_dir: Path):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.collector = make_collector(cfg, env, parts.collect_policy)
+        self.replay = make_replay_buffer(cfg, run_dir)
+        self.learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=sample_shape(cfg))
+        self.stats = RolloutStats()
+        self._batches = iter(self.collector)
+
+    def collect(self) -> Rollout:
+        batch = next(self._batches).reshape(-1)
+        self.replay.extend(batch)
+        self.stats(batch)
+        return self.stats.drain()
+
+    def replay_size(self) -> int:
+        return len(self.replay)
+
+    def replay_writes(self) -> int:
+        return self.replay.write_count
+
+    def update(self, n_steps: int, version: int) -> tuple[dict[str, float], int]:
+        return self.learner.update(self.replay, n_steps, version), self.learner.steps
+
+    def publish(self) -> int:
+        self.collector.update_policy_weights_()
+        return self.collector.policy_version
+
+    def learner_state(self) -> dict:
+        return self.learner.state_dict()
+
+    def restore(self, learner_state: dict, version: int) -> None:
+        self.learner.load_state_dict(learner_state)
+        self.collector.policy_version_tracker.version = version
+
+    def replay_state(self) -> dict | None:
+        return replay_state(self.cfg, self.replay)
+
+    def restore_replay(self, state: dict) -> None:
+        restore_replay(self.cfg, self.replay, state, self.run_dir)
+
+    def close(self) -> None:
+        self.collector.shutdown()

@@ -1,0 +1,329 @@
+"""The Ray engine (``engine=ray``): the loop's parts on a Ray cluster.
+
+- collectors: torchrl's ``RayCollector`` over ``ray.num_collectors`` actors, each a torchrl ``Collector`` stepping
+  ``env.num_envs`` envs; every rollout is flattened ``[B, T] -> [B*T]`` inside the actor and written straight into the
+  replay actor, and the actor's ``RolloutStats`` keeps the round's statistics for the driver;
+- replay: torchrl's ``RayReplayBuffer`` (one actor, 0 CPUs reserved: it only stores and samples);
+- learner: ``ray.world_size`` :class:`LearnerRank` actors, each a :class:`offpolicy.learner.Learner` that samples
+  ``batch_size / world_size`` per step from the replay actor and averages its gradients with the other ranks through
+  ``torch.distributed`` (Gloo on CPU, NCCL with one GPU per rank) before each optimiser step. After a round, rank 0's
+  policy weights come to the driver, which publishes them (with its exploration state) to the collectors.
+
+Why our own rank actors rather than torchrl's ``Trainer(learner_backend="ray")``: that backend is reachable only
+through the Trainer and its hooks (what this redesign removes), and its ranks ran torchrl's optimisation steppers,
+which needed private attributes to carry our per-network optimisers; a rank here is the same Learner the local
+engine runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import re
+import socket
+import warnings
+from functools import partial
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tensordict import TensorDict
+
+from offpolicy.algorithms import AlgoParts, build_parts, make_learner
+from offpolicy.engines.base import Engine, LearnerLost, Rollout, RolloutStats
+from offpolicy.envs import make_train_env, obs_norm_state
+from offpolicy.invariants import InvariantError
+from shared import compat
+from shared.config import ConfigError
+
+
+def ray_resources(cfg: DictConfig) -> dict[str, float]:
+    """CPUs and GPUs the job reserves: collectors and learner ranks (the replay actor asks for none)."""
+    r = cfg.ray
+    return {"CPU": r.num_collectors * r.collector_cpus + r.world_size * r.learner_cpus,
+            "GPU": r.num_collectors * r.collector_gpus + r.world_size * r.learner_gpus}
+
+
+def start_ray(cfg: DictConfig) -> None:
+    """Start Ray (local: bound to 127.0.0.1, no dashboard) or attach to ``ray.address``, then check that the job's
+    resources exist (an actor that cannot be placed would wait forever). Ray is shut down again on any error."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("engine=ray needs Ray; allowed: engine=local, or install it: pip install -e '.[ray]'") from None
+
+    kwargs = {"include_dashboard": False, "log_to_driver": cfg.ray.log_to_driver, "configure_logging": False}
+    if cfg.ray.address is None:
+        compat.ray_single_machine_mode()
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the learner ranks' Gloo sockets on loopback too
+        kwargs.update(num_cpus=cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus)
+    else:
+        kwargs["address"] = cfg.ray.address
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"ray.address={cfg.ray.address!r}: cannot connect ({str(exc).splitlines()[0]}); "
+                          "allowed: null (start a local Ray), auto or host:port of a running cluster") from None
+    have = ray.cluster_resources()
+    need = ray_resources(cfg)
+    short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
+    if short:
+        ray.shutdown()
+        what = ", ".join(f"{v:g} {k} (cluster has {h:g})" for k, (v, h) in short.items())
+        raise ConfigError(f"ray: the job needs {what}; allowed: fewer ray.num_collectors / ray.world_size, "
+                          "smaller ray.collector_cpus / learner_cpus / *_gpus, or a bigger cluster")
+
+
+# the loop publishes after every round, the first time after round 0 (collected with the initial weights, version 0)
+warnings.filterwarnings("ignore", message="RayCollector iteration started before weight synchronization")
+
+
+def flatten_rollout(rollout):
+    """``[num_envs, T] -> [num_envs * T]``: replay stores single transitions (run in each collector actor)."""
+    return rollout.reshape(-1)
+
+
+def _collector_env(cfg: DictConfig, index: int, obs_norm: dict | None):
+    """Collector ``index``'s envs: the local training env with seeds apart from every other collector's."""
+    cfg = OmegaConf.merge(cfg, {"seed": cfg.seed + 1000 * index})
+    return make_train_env(cfg, obs_norm)
+
+
+def make_collector(cfg: DictConfig, policy, replay, obs_norm: dict | None):
+    """``ray.num_collectors`` collector actors that each run ``policy`` (stochastic) on ``env.num_envs`` envs and
+    write flattened rollouts into ``replay``; one round collects ``collector.frames_per_batch`` in all."""
+    from torchrl.collectors import Collector
+    from torchrl.collectors.distributed import RayCollector
+    from torchrl.envs.llm.transforms import PolicyVersion
+    from torchrl.envs.utils import ExplorationType
+
+    remote = {"num_cpus": cfg.ray.collector_cpus}
+    if cfg.ray.collector_gpus:
+        remote["num_gpus"] = cfg.ray.collector_gpus
+    kwargs = {"track_policy_version": PolicyVersion(), "auto_register_policy_transforms": False,
+              "postproc": flatten_rollout, "post_collect_hook": RolloutStats()}
+    return RayCollector(
+        [partial(_collector_env, cfg, i, obs_norm) for i in range(cfg.ray.num_collectors)], policy,
+        frames_per_batch=cfg.collector.frames_per_batch,
+        # torchrl 0.14.1: total_frames=-1 stops after one round; the loop stops the run at total_frames
+        total_frames=2**62, collector_class=Collector, collector_kwargs=kwargs, remote_configs=remote,
+        sync=True, replay_buffer=replay, exploration_type=ExplorationType.RANDOM,
+        update_after_each_batch=False,  # the loop publishes once per round, after the learner
+        # a GPU collector runs its policy on the GPU Ray gives it; envs step and rollouts are stored on the CPU
+        policy_device=torch.device("cuda") if cfg.ray.collector_gpus else None,
+        env_device="cpu", storing_device="cpu",
+        ray_init_config={"address": "auto"},  # never used: Ray is already up (start_ray)
+    )
+
+
+def make_replay_buffer(cfg: DictConfig):
+    """The replay actor: a FIFO of ``replay.size`` transitions sampled uniformly, owned by Ray (0 CPUs reserved)."""
+    from torchrl.data import LazyTensorStorage, RandomSampler, RayReplayBuffer, TensorDictReplayBuffer
+
+    return RayReplayBuffer(replay_buffer_cls=TensorDictReplayBuffer, storage=partial(LazyTensorStorage, cfg.replay.size),
+                           sampler=RandomSampler, remote_config={"num_cpus": 0}, ray_init_config={"address": "auto"})
+
+
+class Specs:
+    """The training env's specs without the env (what :func:`build_parts` reads), to ship to the learner ranks."""
+
+    def __init__(self, env):
+        self.observation_spec_unbatched = env.observation_spec_unbatched
+        self.action_spec_unbatched = env.action_spec_unbatched
+
+
+class LearnerRank:
+    """One learner rank (a Ray actor): the algorithm's parts and a :class:`Learner` whose gradients are averaged
+    over the ranks (torch.distributed all-reduce, what DDP does) before every optimiser step. Networks start equal
+    on every rank (same seed) and stay equal."""
+
+    def __init__(self, cfg: dict, specs: Specs, replay, rank: int, world_size: int):
+        cfg = OmegaConf.create(cfg)
+        torch.set_num_threads(cfg.threads)  # Ray starts an actor with one thread per reserved CPU
+        torch.manual_seed(cfg.seed)  # the same initial networks on every rank
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device("cuda") if cfg.ray.backend == "nccl" else torch.device("cpu")
+        self.parts: AlgoParts = build_parts(cfg, specs)
+        self.parts.loss.to(self.device)
+        self.replay = replay
+        self.learner = make_learner(cfg, self.parts, specs.action_spec_unbatched,
+                                    sample_shape=(cfg.optim.batch_size // world_size,), grad_sync=self._average,
+                                    chunk=max(cfg.ray.prefetch, 1), device=self.device)
+        torch.manual_seed(cfg.seed + 1 + rank)  # each rank draws its own samples and noise
+        self.backend = cfg.ray.backend
+        self.timeout = datetime.timedelta(seconds=cfg.ray.setup_timeout_s)
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the process group's rendezvous: this node's address and a free port."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def connect(self, host: str, port: int) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group(self.backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=self.world_size, timeout=self.timeout)
+
+    def _average(self, params: list[torch.Tensor]) -> None:
+        import torch.distributed as dist
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for p, g in zip(params, grads):
+            n = g.numel()
+            p.grad = flat[offset:offset + n].view_as(p)
+            offset += n
+
+    def update(self, n_steps: int, version: int) -> tuple[dict[str, float], int]:
+        return self.learner.update(self.replay, n_steps, version), self.learner.steps
+
+    def policy_weights(self) -> TensorDict:
+        """The deterministic policy's weights (on the CPU), for the collectors and the evaluator."""
+        return TensorDict.from_module(self.parts.eval_policy).data.to("cpu").clone()
+
+    def state_dict(self) -> dict:
+        return _to_cpu(self.learner.state_dict())
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state)
+
+
+def _to_cpu(tree):
+    if isinstance(tree, torch.Tensor):
+        return tree.cpu()
+    if isinstance(tree, dict):
+        return {k: _to_cpu(v) for k, v in tree.items()}
+    return tree
+
+
+class RayEngine(Engine):
+    """Collector actors, a replay actor and learner ranks on Ray; the driver keeps the collection policy (and its
+    exploration state) and the evaluation policy, refreshed from rank 0 after every round."""
+
+    def __init__(self, cfg: DictConfig, env, parts: AlgoParts):
+        import ray
+
+        start_ray(cfg)
+        self.cfg, self.parts = cfg, parts
+        self.timeout = float(cfg.ray.step_timeout_s)
+        self.replay = self.collector = None
+        self.ranks = []
+        try:
+            self.replay = make_replay_buffer(cfg)
+            self.collector = make_collector(cfg, parts.collect_policy, self.replay, obs_norm_state(env))
+            rank_cls = ray.remote(num_cpus=cfg.ray.learner_cpus, num_gpus=cfg.ray.learner_gpus)(LearnerRank)
+            config = OmegaConf.to_container(cfg, resolve=True)
+            self.ranks = [rank_cls.remote(config, Specs(env), self.replay.client(), rank, cfg.ray.world_size)
+                          for rank in range(cfg.ray.world_size)]
+            host, port = self._get(self.ranks[0].address.remote(), float(cfg.ray.setup_timeout_s))
+            if cfg.ray.address is None:
+                host = "127.0.0.1"
+            self._get([r.connect.remote(host, port) for r in self.ranks], float(cfg.ray.setup_timeout_s))
+            self.published = 0
+            self._rounds = iter(self.collector)  # one item per round (None: the actors wrote into replay)
+        except BaseException:
+            self.close()
+            raise
+
+    def describe(self) -> str:
+        c = self.cfg
+        return (f"Ray: {c.ray.num_collectors} collector actors x {c.env.num_envs} envs, {c.ray.world_size} "
+                f"{c.ray.backend} learner ranks x {c.optim.batch_size // c.ray.world_size} samples; ")
+
+    @staticmethod
+    def _get(refs, timeout: float):
+        import ray
+
+        return ray.get(refs, timeout=timeout)
+
+    def collect(self) -> Rollout:
+        next(self._rounds)  # the actors write into the replay actor themselves
+        return Rollout.merge(self.collector.map_fn("post_collect_hook.drain"))
+
+    def replay_size(self) -> int:
+        return len(self.replay)
+
+    def replay_writes(self) -> int:
+        return self.replay.write_count
+
+    def update(self, n_steps: int, version: int) -> tuple[dict[str, float], int]:
+        results = self._get([r.update.remote(n_steps, version) for r in self.ranks], self.timeout)
+        steps = {s for _, s in results}
+        if len(steps) != 1:
+            raise InvariantError(f"learner ranks disagree on their optimiser steps: {sorted(steps)}")
+        metrics = {k: sum(m[k] for m, _ in results) / len(results) for k in results[0][0]}
+        return metrics, steps.pop()
+
+    def publish(self) -> int:
+        weights = self._get(self.ranks[0].policy_weights.remote(), self.timeout)
+        weights.to_module(self.parts.eval_policy)  # also the actor inside the collection policy
+        self.collector.update_policy_weights_(TensorDict.from_module(self.parts.collect_policy).data)
+        self.published += 1
+        return self.published
+
+    def learner_state(self) -> dict:
+        """Rank 0's learner state, after checking that every rank holds the same networks (what gradient
+        averaging promises)."""
+        import ray.exceptions
+
+        try:
+            states = self._get([r.state_dict.remote() for r in self.ranks], self.timeout)
+        except ray.exceptions.RayError as exc:
+            raise LearnerLost(f"the learner ranks are gone ({type(exc).__name__})") from None
+        first = states[0]["loss"]
+        for rank, state in enumerate(states[1:], start=1):
+            if any(not torch.equal(first[k], state["loss"][k]) for k in first):
+                raise InvariantError(f"learner rank {rank}'s networks differ from rank 0's")
+        return states[0]
+
+    def restore(self, learner_state: dict, version: int) -> None:
+        self._get([r.load_state_dict.remote(learner_state) for r in self.ranks], self.timeout)
+        self.parts.loss.load_state_dict(learner_state["loss"])
+        self.published = version
+        # the collectors' PolicyVersion starts at 0: one publication per missing version brings them to `version`
+        for _ in range(version):
+            self.collector.update_policy_weights_(TensorDict.from_module(self.parts.collect_policy).data)
+
+    def replay_state(self) -> dict | None:
+        return None  # the replay actor is not checkpointed (replay.in_checkpoint is refused with engine=ray)
+
+    def restore_replay(self, state: dict) -> None:
+        raise ConfigError("replay.in_checkpoint=true is not allowed with engine=ray; allowed: false")
+
+    def close(self) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            if self.collector is not None:
+                self.collector.shutdown()
+        with contextlib.suppress(Exception):
+            if self.replay is not None:
+                self.replay.close()
+        ray.shutdown()
+
+
+def describe_ray_failure(exc: BaseException) -> str | None:
+    """One line: which kind of actor failed and Ray's reason (None: not a Ray failure)."""
+    import ray.exceptions
+
+    text = " ".join(str(exc).split())
+    if not isinstance(exc, ray.exceptions.RayError):
+        return None
+    if isinstance(exc, ray.exceptions.GetTimeoutError):
+        return f"a Ray actor did not answer in time ({text[:300]})"
+    if isinstance(exc, ray.exceptions.RayActorError):
+        cls = re.search(r"class_name: (\S+)", text)
+        pid = re.search(r"pid: (\d+)", text)
+        cls = cls.group(1) if cls else "?"
+        kind = "learner rank" if "LearnerRank" in cls else "collector" if "Collector" in cls else "actor"
+        return f"a Ray {kind} died ({cls}, pid {pid.group(1) if pid else '?'}): {text.split('.')[0]}"
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = " ".join(str(exc.cause).split()) if exc.cause is not None else text
+        return f"a Ray task failed ({exc.function_name}): {cause[-300:]}"
+    return f"Ray failure: {text[:300]}"

@@ -1,0 +1,39 @@
+"""The off-policy training loop, on one screen. Every engine (local, Ray) runs this same function; what differs is
+where the engine's collector, replay and learner live (offpolicy/engines/)."""
+from __future__ import annotations
+
+import time
+
+from offpolicy.replay import optim_steps_per_batch
+from offpolicy.report import RoundReport
+
+
+def train_loop(cfg, engine, parts, run) -> None:
+    """Collect, write, learn, publish, check, log, evaluate and checkpoint until ``cfg.total_frames`` transitions
+    were collected or a stop was requested (Ctrl-C). ``run`` holds the counters and the services around the loop
+    (offpolicy/train.py): invariants, metrics, evaluator, checkpointer."""
+    steps_per_batch = optim_steps_per_batch(cfg)
+    progress = run.progress
+    while progress.frames < cfg.total_frames and not run.stop_requested:
+        start = time.perf_counter()
+        # 1. one batch from the stochastic collection policy, flattened into replay
+        rollout = engine.collect()
+        if parts.exploration is not None:
+            parts.exploration.step(rollout.frames)  # anneal epsilon / noise by the frames collected
+        collected = time.perf_counter()
+        # 2. UTD x frames optimiser steps (each with its target update), once replay holds the prefill
+        asked = steps_per_batch if engine.replay_size() >= cfg.collector.prefill_frames else 0
+        learned, optim_steps = engine.update(asked, version=progress.batches)
+        # 3. the collectors act with the new weights (and exploration state) from the next round on
+        published = engine.publish()
+        report = RoundReport(index=progress.batches, rollout=rollout, replay_writes=engine.replay_writes(),
+                             replay_size=engine.replay_size(), steps_asked=asked,
+                             steps_done=optim_steps - progress.optim_steps, learned=learned, published=published,
+                             collect_s=collected - start, learn_s=time.perf_counter() - collected)
+        # 4. invariants, counters, metrics
+        run.invariants.check(report)
+        progress.advance(report)
+        run.metrics.log(report, progress)
+        # 5. evaluation in the background, periodic checkpoint
+        run.evaluate_if_due()
+        run.checkpoint_if_due()

@@ -1,0 +1,73 @@
+"""Replay: the buffer the collectors write into and the learner samples from (torchrl storages and samplers), its
+checkpoint state, and the shape of a sampled optimisation batch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from shared import compat
+
+
+def replay_scratch_dir(cfg: DictConfig, run_dir: Path) -> Path:
+    """Where a memmap replay keeps its files: ``replay.scratch_dir`` or ``<run_dir>/replay``."""
+    return Path(cfg.replay.scratch_dir) if cfg.replay.scratch_dir else Path(run_dir) / "replay"
+
+
+def make_replay_buffer(cfg: DictConfig, run_dir: Path | None = None):
+    """The replay buffer: FIFO of ``replay.size`` transitions in RAM or memory-mapped files (``replay.storage``),
+    sampled uniformly, by priority (``replay.prioritized``) or as sub-trajectories of ``replay.slice_len`` steps
+    (``optim.batch_size / slice_len`` of them, so each step still replays ``batch_size`` transitions)."""
+    from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
+    from torchrl.data.replay_buffers import RandomSampler, SliceSampler
+
+    size = cfg.replay.size
+    if cfg.replay.storage == "memmap":
+        # existsok: a rerun into the same directory overwrites it (torchrl refuses an existing dir by default)
+        storage = LazyMemmapStorage(size, scratch_dir=str(replay_scratch_dir(cfg, run_dir)), existsok=True)
+    else:
+        storage = LazyTensorStorage(size)
+    # sub-trajectories are told apart by the collector's trajectory ids; each slice ends with truncated=True, so the
+    # value estimator bootstraps there and never across slices
+    slices = {"slice_len": cfg.replay.slice_len, "traj_key": ("collector", "traj_ids"),
+              "truncated_key": ("next", "truncated"), "strict_length": True}
+    if cfg.replay.prioritized:
+        from offpolicy.prioritized import TorchPrioritizedSampler, TorchPrioritizedSliceSampler  # noqa: I001
+
+        priorities = {"max_capacity": size, "alpha": cfg.replay.alpha, "beta": cfg.replay.beta}
+        if cfg.replay.slice_len:
+            sampler = TorchPrioritizedSliceSampler(**priorities, **slices)
+        else:
+            sampler = TorchPrioritizedSampler(**priorities)
+    elif cfg.replay.slice_len:
+        sampler = SliceSampler(**slices)
+    else:
+        sampler = RandomSampler()
+    return TensorDictReplayBuffer(storage=storage, sampler=sampler)  # the learner passes its batch size
+
+
+def replay_state(cfg: DictConfig, replay) -> dict:
+    """The replay buffer's checkpoint state; a memmap buffer's data stays in its scratch dir (only its length,
+    cursor and sampler state go into the checkpoint)."""
+    state = replay.state_dict()
+    return compat.replay_state_without_data(state) if cfg.replay.storage == "memmap" else state
+
+
+def restore_replay(cfg: DictConfig, replay, state: dict, run_dir: Path) -> None:
+    """Load :func:`replay_state`; a memmap buffer reopens the files in its scratch dir."""
+    if cfg.replay.storage == "memmap":
+        compat.reopen_memmap_replay(replay, replay_scratch_dir(cfg, run_dir), state)
+    else:
+        replay.load_state_dict(state)
+
+
+def sample_shape(cfg: DictConfig) -> tuple[int, ...]:
+    """Shape of a sampled optimisation batch: ``[batch_size]``, or ``[batch_size / slice_len, slice_len]``."""
+    if cfg.replay.slice_len:
+        return (cfg.optim.batch_size // cfg.replay.slice_len, cfg.replay.slice_len)
+    return (cfg.optim.batch_size,)
+
+
+def optim_steps_per_batch(cfg: DictConfig) -> int:
+    """Optimiser steps after each collected batch: ``utd_ratio * frames_per_batch``."""
+    return round(cfg.optim.utd_ratio * cfg.collector.frames_per_batch)

@@ -1,0 +1,56 @@
+"""What one round of the loop reports (the same for every engine), and the run's counters."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from offpolicy.engines.base import Rollout
+
+
+@dataclass
+class RoundReport:
+    """One round: what was collected and written, what the learner did, what the collectors hold now."""
+
+    index: int  # rounds before this one = the policy version this round's batch was collected with
+    rollout: Rollout
+    replay_writes: int  # replay's write count after the round
+    replay_size: int
+    steps_asked: int  # optimiser steps the loop asked for (UTD x frames once prefilled, else 0)
+    steps_done: int  # optimiser steps the learner ran
+    learned: dict[str, float]  # the learner's loss/ and replay/ metrics
+    published: int  # the collectors' policy version after publishing
+    collect_s: float
+    learn_s: float
+
+
+@dataclass
+class Progress:
+    """The run's counters (checkpointed; a resumed run continues them)."""
+
+    frames: int = 0  # collected transitions (env steps summed over envs)
+    optim_steps: int = 0
+    batches: int = 0  # rounds = weight publications
+    episodes: int = 0
+    start_elapsed_s: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.start_elapsed_s + time.perf_counter() - self.started
+
+    def advance(self, report: RoundReport) -> None:
+        self.frames += report.rollout.frames
+        self.optim_steps += report.steps_done
+        self.batches += 1
+        self.episodes += len(report.rollout.returns)
+
+    def state_dict(self) -> dict:
+        return {"collected_frames": self.frames, "optim_steps": self.optim_steps, "batches": self.batches,
+                "episodes": self.episodes, "elapsed_s": self.elapsed_s}
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> "Progress":
+        if not state:
+            return cls()
+        return cls(frames=state["collected_frames"], optim_steps=state["optim_steps"], batches=state["batches"],
+                   episodes=state["episodes"], start_elapsed_s=state["elapsed_s"])
