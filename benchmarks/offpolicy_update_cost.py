@@ -4,7 +4,7 @@ forward (and how much of it is matrix multiplies), backward, optimiser step and 
 run; then one whole update (loss, backward, optimiser steps) in wall-clock ms, eager and, with ``compile=true``,
 under ``torch.compile`` (with its compile time).
 
-    nice -n 5 python benchmarks/offpolicy_update_cost.py [algo ...] [threads=1] [compile=false]
+    nice -n 5 python benchmarks/offpolicy_update_cost.py [algo ...] [threads=1] [compile=false] [deactivate_vmap=false]
 
 Prints JSON lines and appends them to benchmarks/results/offpolicy_update_cost.jsonl.
 """
@@ -20,9 +20,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from offpolicy import engine  # noqa: E402
-from offpolicy.algorithms import build_parts  # noqa: E402
-from offpolicy.train import compose_config  # noqa: E402
+from offpolicy import algorithms  # noqa: E402
+from offpolicy.algorithms import build_parts, make_learner  # noqa: E402
+from offpolicy.config import compose_config  # noqa: E402
+from offpolicy.engines.local import make_collector  # noqa: E402
+from offpolicy.envs import make_train_env  # noqa: E402
+from offpolicy.replay import make_replay_buffer  # noqa: E402
 
 ENVS = {"sac": "HalfCheetah-v5", "td3": "HalfCheetah-v5", "ddpg": "HalfCheetah-v5", "dqn": "CartPole-v1"}
 
@@ -53,23 +56,27 @@ def _wall_ms(fn, n: int) -> float:
     return (time.perf_counter() - start) / n * 1000
 
 
-def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False) -> dict[str, float]:
+def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
+            deactivate_vmap: bool = False) -> dict[str, float]:
     cfg, _ = compose_config([f"algo={algo}", f"env={ENVS[algo]}", "optim.batch_size=256", "model.hidden=[256,256]",
                              "collector.frames_per_batch=1000", "collector.prefill_frames=1000"])
     torch.manual_seed(0)
     torch.set_num_threads(threads)
-    env = engine.make_train_env(cfg)
+    algorithms.DEACTIVATE_VMAP = deactivate_vmap
+    env = make_train_env(cfg)
     parts = build_parts(cfg, env)
-    collector = engine.make_collector(cfg, env, parts.collect_policy)
-    replay = engine.make_replay_buffer(cfg)
+    collector = make_collector(cfg, env, parts.collect_policy)
+    replay = make_replay_buffer(cfg)
     try:
         t0 = time.process_time()
         batch = next(iter(collector))
         collect_ms = (time.process_time() - t0) / batch.numel() * 1000
         replay.extend(batch.reshape(-1))
         params = [p for opt in parts.optimizers.values() for g in opt.param_groups for p in g["params"]]
-        out = {"collect_step": collect_ms, "sample": _timed(lambda: replay.sample(), n)}
-        sample = replay.sample()
+        batch_size = cfg.optim.batch_size
+        out = {"collect_step": collect_ms, "sample": _timed(lambda: replay.sample(batch_size), n),
+               "sample_chunked": _timed(lambda: replay.sample(batch_size * 32).split(batch_size), n // 8) / 32}
+        sample = replay.sample(batch_size)
         out["loss_forward"] = _timed(lambda: parts.loss(sample), n)
 
         def forward_backward():
@@ -90,14 +97,17 @@ def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False) -
                 o.step()
                 o.zero_grad()
 
-        out["update_wall"] = _wall_ms(lambda: update(replay.sample()), n)
+        out["update_wall"] = _wall_ms(lambda: update(replay.sample(batch_size)), n)
+        # the engine's whole round: chunked samples, checks, loss, backward, per-network clip + step, target update
+        learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(batch_size,))
+        out["learner_step_wall"] = _wall_ms(lambda: learner.update(replay, 50, version=1), max(n // 50, 2)) / 50
         if compiled:
             fast = torch.compile(update)
             t0 = time.perf_counter()
             for _ in range(3):
-                fast(replay.sample())
+                fast(replay.sample(batch_size))
             out["compile_s"] = time.perf_counter() - t0
-            out["update_wall_compiled"] = _wall_ms(lambda: fast(replay.sample()), n)
+            out["update_wall_compiled"] = _wall_ms(lambda: fast(replay.sample(batch_size)), n)
     finally:
         collector.shutdown()
     return out
@@ -107,13 +117,14 @@ def main(argv: list[str]) -> None:
     algos = [a for a in argv if "=" not in a] or list(ENVS)
     options = dict(a.split("=", 1) for a in argv if "=" in a)
     threads, compiled = int(options.get("threads", 1)), options.get("compile", "false") == "true"
+    no_vmap = options.get("deactivate_vmap", "false") == "true"
     results = ROOT / "benchmarks" / "results" / "offpolicy_update_cost.jsonl"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for algo in algos:
-        for part, value in measure(algo, threads=threads, compiled=compiled).items():
+        for part, value in measure(algo, threads=threads, compiled=compiled, deactivate_vmap=no_vmap).items():
             unit = {"params": "count", "compile_s": "s"}.get(part, "ms")
             line = {"bench": f"offpolicy_update_cost/{algo}", "metric": part, "value": round(value, 3),
-                    "unit": unit, "threads": threads}
+                    "unit": unit, "threads": threads, "deactivate_vmap": no_vmap}
             print(json.dumps(line), flush=True)
             with results.open("a") as f:
                 f.write(json.dumps({**line, "time": stamp}) + "\n")

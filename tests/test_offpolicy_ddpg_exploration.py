@@ -7,20 +7,20 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from offpolicy import engine
-from offpolicy.algorithms import ExploringDDPGTrainer, build_parts
-from offpolicy.train import compose_config
+from offpolicy.algorithms import build_parts
+from offpolicy.config import compose_config
+from offpolicy.engines.local import LocalEngine
+from offpolicy.envs import make_train_env
 
 
-def _build(*overrides):
+def _build(tmp_path, *overrides):
     cfg, _ = compose_config(["algo=ddpg", "env=HalfCheetah-v5", "profile=smoke", "collector.frames_per_batch=500",
                              *overrides])
     torch.manual_seed(0)
-    env = engine.make_train_env(cfg)
+    env = make_train_env(cfg)
     parts = build_parts(cfg, env)
-    collector = engine.make_collector(cfg, env, parts.collect_policy)
-    trainer = engine.make_trainer(cfg, parts, collector, engine.make_replay_buffer(cfg))
-    return cfg, parts, collector, trainer
+    engine = LocalEngine(cfg, env, parts, tmp_path)
+    return cfg, parts, engine.collector, engine
 
 
 def _deterministic(policy, batch):
@@ -28,9 +28,8 @@ def _deterministic(policy, batch):
         return policy(batch.select("observation").clone())["action"]
 
 
-def test_collection_is_noisy_and_evaluation_deterministic():
-    cfg, parts, collector, trainer = _build()
-    assert isinstance(trainer, ExploringDDPGTrainer)
+def test_collection_is_noisy_and_evaluation_deterministic(tmp_path):
+    cfg, parts, collector, engine = _build(tmp_path)
     try:
         batch = next(iter(collector))
         noise = batch["action"] - _deterministic(parts.eval_policy, batch)
@@ -47,16 +46,15 @@ def test_collection_is_noisy_and_evaluation_deterministic():
         collector.shutdown()
 
 
-def test_published_weights_are_actor_plus_exploration():
-    cfg, parts, collector, trainer = _build()
+def test_published_weights_are_actor_plus_exploration(tmp_path):
+    cfg, parts, collector, engine = _build(tmp_path)
     try:
         next(iter(collector))
         with torch.no_grad():  # change the learner's actor, then publish as the trainer does after a batch
             for p in parts.eval_policy.parameters():
                 p.add_(0.5)
             parts.exploration.sigma.fill_(0.05)
-        trainer._post_steps_hook()  # the trainer's UpdateWeights (no KeyError on ('module', '0', ...))
-        assert collector.policy_version == 1
+        assert engine.publish() == 1 == collector.policy_version
         published = TensorDict.from_module(collector.policy)
         learner = TensorDict.from_module(parts.collect_policy)
         assert set(published.keys(True, True)) == set(learner.keys(True, True))
@@ -69,8 +67,8 @@ def test_published_weights_are_actor_plus_exploration():
         collector.shutdown()
 
 
-def test_ornstein_uhlenbeck_option():
-    cfg, parts, collector, trainer = _build("ddpg.noise=ou")
+def test_ornstein_uhlenbeck_option(tmp_path):
+    cfg, parts, collector, engine = _build(tmp_path, "ddpg.noise=ou")
     try:
         batch = next(iter(collector))
         noise = batch["action"] - _deterministic(parts.eval_policy, batch)
@@ -79,13 +77,12 @@ def test_ornstein_uhlenbeck_option():
         collector.shutdown()
 
 
-def test_no_exploration_module():
-    cfg, parts, collector, trainer = _build("ddpg.noise=none")
+def test_no_exploration_module(tmp_path):
+    cfg, parts, collector, engine = _build(tmp_path, "ddpg.noise=none")
     try:
         assert parts.exploration is None
         batch = next(iter(collector))
         assert torch.allclose(batch["action"], _deterministic(parts.eval_policy, batch))
-        trainer._post_steps_hook()
-        assert collector.policy_version == 1
+        assert engine.publish() == 1 == collector.policy_version
     finally:
         collector.shutdown()

@@ -7,8 +7,9 @@ import pytest
 import torch
 from offpolicy_helpers import summary, train_inprocess
 
-from offpolicy import engine
-from offpolicy.train import compose_config
+from offpolicy import envs
+from offpolicy.engines.local import make_collector
+from offpolicy.config import compose_config
 from shared.checkpoint import load_checkpoint
 
 
@@ -19,11 +20,11 @@ def _cfg(*overrides):
 
 def test_obs_norm_standardises_observations():
     torch.manual_seed(0)
-    env = engine.make_train_env(_cfg("env.obs_norm=true", "env.obs_norm_init_steps=1000"))
-    stats = engine.obs_norm_state(env)
+    env = envs.make_train_env(_cfg("env.obs_norm=true", "env.obs_norm_init_steps=1000"))
+    stats = envs.obs_norm_state(env)
     # replay the init steps: same env seed, same random actions (torch seed), rollouts until 1000 steps
     torch.manual_seed(0)
-    raw = engine.make_train_env(_cfg())
+    raw = envs.make_train_env(_cfg())
     try:
         data, steps = [], 0
         while steps < 1000:
@@ -47,8 +48,8 @@ def test_obs_norm_statistics_are_checkpointed_and_used_for_evaluation(tmp_path):
     stats = ckpt["obs_norm"]
     assert {"loc", "scale"} <= set(stats) and stats["loc"].shape == (3,) and (stats["scale"] > 0).all()
     cfg = _cfg("env.obs_norm=true")
-    eval_env = engine.make_eval_env(cfg, obs_norm=stats)
-    plain = engine.make_eval_env(cfg)
+    eval_env = envs.make_eval_env(cfg, obs_norm=stats)
+    plain = envs.make_eval_env(cfg)
     try:
         normed, raw = eval_env.reset()["observation"], plain.reset()["observation"]  # same seed, same start
         assert torch.allclose(normed, (raw - stats["loc"]) / stats["scale"], atol=1e-5)
@@ -89,11 +90,11 @@ def test_memmap_replay_is_on_disk_reopened_on_resume_and_rerun(tmp_path):
 @pytest.mark.parametrize("vector", ["serial", "process"])
 def test_parallel_envs_collect_num_envs_trajectories(vector):
     cfg = _cfg("env.num_envs=2", f"env.vector={vector}", "collector.frames_per_batch=100")
-    env = engine.make_train_env(cfg)
+    env = envs.make_train_env(cfg)
     from offpolicy.algorithms import build_parts
 
     parts = build_parts(cfg, env)
-    collector = engine.make_collector(cfg, env, parts.collect_policy)
+    collector = make_collector(cfg, env, parts.collect_policy)
     try:
         batch = next(iter(collector))
     finally:
@@ -116,7 +117,7 @@ def test_pixel_observations_train_through_a_conv_encoder(tmp_path):
     from shared.models import PixelEncoder
 
     cfg = _cfg("env=HalfCheetah-v5", "env.from_pixels=true")
-    env = engine.make_train_env(cfg)
+    env = envs.make_train_env(cfg)
     try:
         spec = env.observation_spec_unbatched["observation"]
         assert spec.dtype == torch.uint8 and tuple(spec.shape) == (3, 64, 64)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from offpolicy_helpers import train_inprocess
 
-from offpolicy import engine, train
+from offpolicy import envs, train
+from offpolicy.engines import local
+from offpolicy.engines.base import Rollout
 from offpolicy.invariants import InvariantError, check_finite
 
 ARGS = ("algo=dqn", "profile=smoke", "eval.interval_frames=0", "eval.final_episodes=0")
@@ -19,14 +21,14 @@ def _run(tmp_path):
 
 
 def _patch_buffer(monkeypatch, method, wrap):
-    real = engine.make_replay_buffer
+    real = local.make_replay_buffer
 
     def make(cfg, run_dir=None):
         rb = real(cfg, run_dir)
         setattr(rb, method, wrap(getattr(rb, method)))
         return rb
 
-    monkeypatch.setattr(engine, "make_replay_buffer", make)
+    monkeypatch.setattr(local, "make_replay_buffer", make)
 
 
 def test_unbroken_run_passes(tmp_path):
@@ -43,6 +45,7 @@ def test_lost_transitions_stop_the_run(tmp_path, monkeypatch):
 
 
 def test_wrong_sample_shape_stops_the_run(tmp_path, monkeypatch):
+    # one transition short per replay call: the last batch of the learner's chunk comes out with 31
     _patch_buffer(monkeypatch, "sample", lambda sample: lambda *a, **k: sample(*a, **k)[:-1])
     s = _run(tmp_path)
     assert s["status"] == "invariant_broken"
@@ -56,30 +59,44 @@ def test_missing_sample_key_stops_the_run(tmp_path, monkeypatch):
 
 
 def test_unpublished_weights_stop_the_run(tmp_path, monkeypatch):
-    real = engine.make_collector
+    real = local.make_collector
 
     def make(cfg, env, policy):
         collector = real(cfg, env, policy)
         collector.update_policy_weights_ = lambda *a, **k: None  # weights never reach the collector
         return collector
 
-    monkeypatch.setattr(engine, "make_collector", make)
+    monkeypatch.setattr(local, "make_collector", make)
     s = _run(tmp_path)
     assert s["status"] == "invariant_broken"
-    assert "policy_version" in s["error"]
+    assert s["error"] == "collector policy_version 0 after 1 publications" and s["batches"] == 0
+
+
+def test_future_policy_version_in_a_sample_stops_the_run(tmp_path, monkeypatch):
+    def from_the_future(sample):
+        def draw(*a, **k):
+            batch = sample(*a, **k)
+            batch["next", "policy_version"][0] = 99  # a transition of a policy the learner has not published
+            return batch
+        return draw
+
+    _patch_buffer(monkeypatch, "sample", from_the_future)
+    s = _run(tmp_path)
+    assert s["status"] == "invariant_broken"
+    assert s["error"] == "sampled a transition of policy_version 99 on a learner at version 1"
 
 
 def test_non_finite_metric_stops_the_run(tmp_path, monkeypatch):
     from torchrl.envs import RewardScaling
 
-    real = engine.make_train_env
+    real = envs.make_train_env
 
     def make(cfg, obs_norm_state=None):
         env = real(cfg, obs_norm_state)
         env.append_transform(RewardScaling(loc=0.0, scale=float("nan")))  # every reward becomes NaN
         return env
 
-    monkeypatch.setattr(engine, "make_train_env", make)
+    monkeypatch.setattr(train, "make_train_env", make)
     s = _run(tmp_path)
     assert s["status"] == "invariant_broken" and "non-finite metrics" in s["error"]
 
@@ -96,3 +113,29 @@ def test_cli_exit_code_on_broken_invariant(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: invariant broken: replay received 99")
     assert "checkpoint saved to" in err[-1]
+
+
+# --- the per-round invariants on reports, as every engine makes them (here: two Ray collectors' rollouts) ------------
+
+def _report(**changes):
+    from offpolicy.report import RoundReport
+
+    rollouts = changes.pop("rollouts", [Rollout(frames=200, version_lo=3, version_hi=3)] * 2)
+    fields = {"index": 3, "rollout": Rollout.merge(rollouts), "replay_writes": 1400, "replay_size": 1400,
+              "steps_asked": 50, "steps_done": 50, "learned": {}, "published": 4, "collect_s": 0.1, "learn_s": 0.1}
+    return RoundReport(**{**fields, **changes})
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"replay_writes": 1399}, "replay received 399 transitions but 400 were collected"),
+    ({"rollouts": [Rollout(frames=200, version_lo=3, version_hi=3), Rollout(frames=200, version_lo=2, version_hi=3)]},
+     "batch 3 carries policy_version 2..3; expected 3"),
+    ({"steps_done": 49}, "batch 3 ran 49 optimiser steps; expected 50"),
+    ({"published": 3}, "collector policy_version 3 after 4 publications"),
+])
+def test_round_invariants(changes, message):
+    from offpolicy.invariants import RoundInvariants
+
+    RoundInvariants(writes_at_start=1000).check(_report())  # a consistent round passes
+    with pytest.raises(InvariantError, match=message.replace(".", r"\.")):
+        RoundInvariants(writes_at_start=1000).check(_report(**changes))

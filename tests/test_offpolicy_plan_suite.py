@@ -9,7 +9,7 @@ import pytest
 from proc import run_module
 
 from offpolicy.plan import make_plan
-from offpolicy.train import compose_config
+from offpolicy.config import compose_config
 from shared.config import CONFIG_ROOT, ConfigError
 
 PROFILES = sorted(p.stem for p in (CONFIG_ROOT / "offpolicy" / "profile").glob("*.yaml"))

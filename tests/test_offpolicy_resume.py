@@ -37,31 +37,34 @@ def test_resume_continues_the_run(tmp_path, with_replay):
     assert second["replay_writes"] == (400 if with_replay else 200)
     after = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
     assert float(after["exploration"]["eps"]) < eps_saved  # annealing continued from the saved epsilon
-    assert after["optimizers"]["q"]["state"]  # Adam moments were restored and kept
+    assert after["learner"]["optimizers"]["q"]["state"]  # Adam moments were restored and kept
+    assert after["learner"]["steps"] == second["optim_steps"]
 
 
 def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
-    from offpolicy import engine
     from offpolicy.algorithms import build_parts
-    from offpolicy.train import _restore, compose_config
+    from offpolicy.config import compose_config
+    from offpolicy.engines.local import LocalEngine
+    from offpolicy.envs import make_train_env
 
     train_inprocess(*ARGS, "total_frames=200", f"run_dir={tmp_path}")
     path = tmp_path / "checkpoints" / "last.pt"
     ckpt = load_checkpoint(path)
+    assert ckpt["counters"]["collected_frames"] == 200 and ckpt["counters"]["batches"] == 2
     cfg, _ = compose_config([f"resume={path}"])
-    env = engine.make_train_env(cfg)
+    env = make_train_env(cfg)
     parts = build_parts(cfg, env)
-    collector = engine.make_collector(cfg, env, parts.collect_policy)
-    trainer = engine.make_trainer(cfg, parts, collector, engine.make_replay_buffer(cfg))
+    engine = LocalEngine(cfg, env, parts, tmp_path)
     try:
-        _restore(cfg, ckpt, trainer, parts, tmp_path)
+        engine.restore(ckpt["learner"], version=ckpt["counters"]["batches"])
         state = parts.loss.state_dict()
-        assert all(torch.equal(state[k], v) for k, v in ckpt["loss"].items())
+        assert all(torch.equal(state[k], v) for k, v in ckpt["learner"]["loss"].items())
         assert parts.optimizers["q"].state_dict()["state"][0]["step"] == 50
-        assert trainer.collected_frames == 200 and trainer._optim_count == 50 and collector.policy_version == 2
-        assert float(parts.exploration.eps) == float(ckpt["exploration"]["eps"])
+        assert engine.learner.steps == 50 and engine.collector.policy_version == 2
+        assert engine.learner.target_updater.updates == ckpt["learner"]["target_updates"] == 50
+        assert engine.collect().version_lo == 2  # the next batch carries the restored version
     finally:
-        collector.shutdown()
+        engine.close()
 
 
 def test_resume_at_the_end_runs_nothing(tmp_path):

@@ -23,7 +23,7 @@ def test_smoke_run(algo, tmp_path):
     assert s["policy_version"] == 3
     assert s["optim_steps"] == 2 * STEPS[algo]
     assert s["env"] == ("CartPole-v1" if algo == "dqn" else "HalfCheetah-v5")
-    for name in ("loss/grad_norm_0" if algo == "dqn" else "loss/grad_norm_critic", "collector/fps", "replay/action_std",
+    for name in ("loss/grad_norm_q" if algo == "dqn" else "loss/grad_norm_critic", "collector/fps", "replay/action_std",
                  "time/sps", "train/optim_steps", "eval/return"):
         steps, values = read_scalars(run_dir, name)
         assert steps, f"{name} was never logged"

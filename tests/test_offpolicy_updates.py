@@ -2,23 +2,23 @@
 delayed actor + target updates, soft and hard target updates (a hard copy exactly every K updates)."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from offpolicy import engine
-from offpolicy.algorithms import build_parts
-from offpolicy.train import compose_config
+from offpolicy.algorithms import build_parts, make_learner
+from offpolicy.config import compose_config
+from offpolicy.engines.local import make_collector
+from offpolicy.envs import make_train_env
+from offpolicy.replay import sample_shape
 
 
 def _parts(algo, *overrides):
     env_name = "CartPole-v1" if algo == "dqn" else "Pendulum-v1"
     cfg, _ = compose_config([f"algo={algo}", f"env={env_name}", "profile=smoke", *overrides])
     torch.manual_seed(0)
-    env = engine.make_train_env(cfg)
+    env = make_train_env(cfg)
     parts = build_parts(cfg, env)
-    collector = engine.make_collector(cfg, env, parts.collect_policy)
+    collector = make_collector(cfg, env, parts.collect_policy)
     try:
         batch = next(iter(collector)).reshape(-1)
     finally:
@@ -26,11 +26,12 @@ def _parts(algo, *overrides):
     return cfg, parts, batch
 
 
-def _trainer_view(parts):
-    """What a stepper needs of a trainer: its loss (optionally a named method of it) and its replay buffer."""
-    def compute_loss(batch, method=None):
-        return parts.loss(batch) if method is None else getattr(parts.loss, method)(batch)
-    return SimpleNamespace(compute_loss=compute_loss, replay_buffer=None)
+def _learner(cfg, parts):
+    return make_learner(cfg, parts, None if parts.discrete else _action_spec(cfg), sample_shape=sample_shape(cfg))
+
+
+def _action_spec(cfg):
+    return make_train_env(cfg).action_spec_unbatched
 
 
 def _flat(params):
@@ -50,44 +51,52 @@ def test_actor_and_critic_have_their_own_optimisers():
 
 
 def test_each_optimiser_clips_its_own_gradients():
-    _, parts, batch = _parts("sac", "optim.critic_max_grad_norm=0.001")
+    cfg, parts, batch = _parts("sac", "optim.critic_max_grad_norm=0.001")
     norms = {}
     for name, opt in parts.optimizers.items():
         def record(optimizer, args, kwargs, name=name):
             grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
             norms[name] = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
         opt.register_step_pre_hook(record)
-    out = parts.stepper.step(_trainer_view(parts), batch[:32].clone())
+    out = _learner(cfg, parts).step(batch[:32].clone())
     assert norms["critic"] == pytest.approx(0.001, rel=1e-3)  # clipped to its own norm
     assert float(out["grad_norm_critic"]) > 0.01  # the logged norm is the one before clipping
     assert norms["actor"] > 0.001 and norms["actor"] == pytest.approx(float(out["grad_norm_actor"]), rel=1e-4)
 
 
 def test_td3_updates_actor_and_targets_every_policy_delay_steps():
-    _, parts, batch = _parts("td3", "td3.policy_delay=2", "target.tau=0.5")
-    loss, view = parts.loss, _trainer_view(parts)
-    parts.target_updater.init_()
-    sample = batch[:32].clone()
+    cfg, parts, batch = _parts("td3", "td3.policy_delay=2", "target.tau=0.5")
+    loss, learner = parts.loss, _learner(cfg, parts)
+    replay = _OneBatch(batch[:32])
 
     def snapshot():
         return (_flat(loss.actor_network_params), _flat(loss.qvalue_network_params),
                 _flat(loss.target_actor_network_params), _flat(loss.target_qvalue_network_params))
 
     before = snapshot()
-    parts.stepper.step(view, sample.clone())
-    parts.target_updater.step()
+    learner.update(replay, 1, version=1)
     after_first = snapshot()
     assert torch.equal(before[0], after_first[0])  # step 1: actor not updated
     assert not torch.equal(before[1], after_first[1])  # critic updated
     assert torch.equal(before[2], after_first[2]) and torch.equal(before[3], after_first[3])  # targets untouched
-    parts.stepper.step(view, sample.clone())
-    parts.target_updater.step()
+    learner.update(replay, 1, version=1)
     after_second = snapshot()
     assert not torch.equal(after_first[0], after_second[0])  # step 2: actor updated...
     # ...and both targets moved halfway (tau 0.5) towards the online networks
     assert torch.allclose(after_second[2], 0.5 * after_first[2] + 0.5 * after_second[0], atol=1e-6)
     assert torch.allclose(after_second[3], 0.5 * after_first[3] + 0.5 * after_second[1], atol=1e-6)
     assert parts.target_updater.updates == 1
+
+
+class _OneBatch:
+    """A replay buffer that always returns (a copy of) the same batch."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def sample(self, n):
+        assert n == self.batch.numel()
+        return self.batch.clone()
 
 
 @pytest.mark.parametrize("algo", ["dqn", "ddpg"])

@@ -6,9 +6,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from offpolicy import engine
+from offpolicy import envs
+from offpolicy.engines.local import make_collector
+from offpolicy.replay import make_replay_buffer, sample_shape
 from offpolicy.algorithms import build_parts
-from offpolicy.train import compose_config
+from offpolicy.config import compose_config
 
 GAMMA, LMBDA = 0.9, 0.5
 
@@ -17,7 +19,7 @@ def _ddpg(estimator):
     cfg, _ = compose_config(["algo=ddpg", "env=Pendulum-v1", "profile=smoke", f"loss.value_estimator={estimator}",
                              f"loss.gamma={GAMMA}", f"loss.lmbda={LMBDA}", "replay.slice_len=4"])
     torch.manual_seed(0)
-    return build_parts(cfg, engine.make_train_env(cfg))
+    return build_parts(cfg, envs.make_train_env(cfg))
 
 
 def _trajectory(steps=4):
@@ -79,16 +81,16 @@ def test_slices_are_contiguous_pieces_of_one_trajectory():
     cfg, _ = compose_config(["algo=sac", "env=Pendulum-v1", "profile=smoke", "replay.slice_len=8",
                              "collector.frames_per_batch=400", "env.num_envs=2"])
     torch.manual_seed(0)
-    env = engine.make_train_env(cfg)
+    env = envs.make_train_env(cfg)
     parts = build_parts(cfg, env)
-    collector = engine.make_collector(cfg, env, parts.collect_policy)
-    replay = engine.make_replay_buffer(cfg)
+    collector = make_collector(cfg, env, parts.collect_policy)
+    replay = make_replay_buffer(cfg)
     try:
         replay.extend(next(iter(collector)).reshape(-1))
     finally:
         collector.shutdown()
-    sample = engine._as_slices(replay.sample(), slice_len=8)
-    assert sample.batch_size == torch.Size(engine.sample_shape(cfg)) == torch.Size([4, 8])
+    sample = replay.sample(cfg.optim.batch_size).reshape(sample_shape(cfg))  # as the learner draws it
+    assert sample.batch_size == torch.Size(sample_shape(cfg)) == torch.Size([4, 8])
     traj = sample["collector", "traj_ids"]
     assert (traj == traj[:, :1]).all()  # one trajectory per slice
     steps = sample["step_count"].squeeze(-1)
