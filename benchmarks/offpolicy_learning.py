@@ -1,13 +1,17 @@
 """Learning benchmark of the off-policy engine (a figure, not a test): each case trains with
-``python -m offpolicy.train`` and reports the first frame count at which the deterministic evaluation return reaches
-the target. Prints JSON lines and keeps summaries and curves under benchmarks/results/offpolicy_learning/.
+``python -m offpolicy.train`` once per seed and reports the first frame count at which the deterministic evaluation
+return reaches the target, with the median and range over the seeds. Prints JSON lines and keeps summaries and
+curves under benchmarks/results/offpolicy_learning/.
 
-    nice -n 5 python benchmarks/offpolicy_learning.py [case ...]      # cases: dqn-cartpole sac-pendulum ...
+    nice -n 5 python benchmarks/offpolicy_learning.py [case ...] [seeds=0,1,2] [jobs=1]
+
+``jobs=2`` runs two trainings at a time (one per core): frame counts and returns do not depend on it, wall times do.
 """
 from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -38,41 +42,65 @@ CASES = {
 }
 
 
-def run_case(name: str, extra: list[str]) -> dict:
-    overrides, target, budget = CASES[name]
-    run_dir = RESULTS / name
+def start_case(name: str, seed: int, extra: list[str]) -> tuple[subprocess.Popen, Path, float]:
+    overrides, _, _ = CASES[name]
+    run_dir = RESULTS / f"{name}-seed{seed}"
     if run_dir.exists() and not any(a.startswith("resume=") for a in extra):
         shutil.rmtree(run_dir)
-    t0 = time.time()
-    cmd = [sys.executable, "-m", "offpolicy.train", *overrides, f"run_dir={run_dir}", "logger.progress_bar=false",
-           *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    cmd = [sys.executable, "-m", "offpolicy.train", *overrides, f"seed={seed}", f"run_dir={run_dir}",
+           "logger.progress_bar=false", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, run_dir, time.time()
+
+
+def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, started: float) -> dict:
+    _, target, budget = CASES[name]
+    code = proc.wait()
     steps, returns = read_scalars(run_dir, "eval/return")
     reached = next((int(s) for s, r in zip(steps, returns) if target is not None and r >= target), None)
     result = {
-        "case": name, "exit_code": proc.returncode, "target": target, "budget_frames": budget,
+        "case": name, "seed": seed, "exit_code": code, "target": target, "budget_frames": budget,
         "reached_at_frames": reached, "passed": reached is not None and reached <= budget,
         "eval_returns": [[int(s), round(r, 1)] for s, r in zip(steps, returns)],
-        "best_eval_return": max(returns) if returns else None, "wall_s": round(time.time() - t0, 1),
+        "best_eval_return": max(returns) if returns else None, "wall_s": round(time.time() - started, 1),
     }
     summary = run_dir / "summary.json"
     if summary.exists():
         result["summary"] = json.loads(summary.read_text())
     for bulky in ("checkpoints", "replay"):  # keep the results folder small (replay: memmap files)
         shutil.rmtree(run_dir / bulky, ignore_errors=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (RESULTS / f"{name}-seed{seed}.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def _emit(line: dict) -> None:
+    print(json.dumps(line), flush=True)
 
 
 def main(argv: list[str]) -> None:
     names = [a for a in argv if "=" not in a] or ["dqn-cartpole", "sac-pendulum", "td3-pendulum", "ddpg-pendulum"]
-    extra = [a for a in argv if "=" in a]
+    options = dict(a.split("=", 1) for a in argv if "=" in a and a.split("=", 1)[0] in ("seeds", "jobs"))
+    extra = [a for a in argv if "=" in a and a.split("=", 1)[0] not in ("seeds", "jobs")]
+    seeds = [int(x) for x in options.get("seeds", "0").split(",")]
+    jobs = int(options.get("jobs", 1))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        r = run_case(name, extra)
+    queue = [(name, seed) for name in names for seed in seeds]
+    running, results = [], {name: [] for name in names}
+    while queue or running:
+        while queue and len(running) < jobs:
+            name, seed = queue.pop(0)
+            running.append((name, seed, *start_case(name, seed, extra)))
+        name, seed, proc, run_dir, started = running.pop(0)
+        r = finish_case(name, seed, proc, run_dir, started)
+        results[name].append(r)
         for metric, unit in (("reached_at_frames", "frames"), ("best_eval_return", "return"), ("wall_s", "s")):
-            print(json.dumps({"bench": f"offpolicy_learning/{name}", "metric": metric, "value": r[metric],
-                              "unit": unit}), flush=True)
+            _emit({"bench": f"offpolicy_learning/{name}", "seed": seed, "metric": metric, "value": r[metric],
+                   "unit": unit})
+    for name, runs in results.items():
+        reached = sorted(r["reached_at_frames"] if r["reached_at_frames"] is not None else float("inf") for r in runs)
+        _emit({"bench": f"offpolicy_learning/{name}", "metric": "reached_at_frames_median",
+               "value": statistics.median(reached), "range": [reached[0], reached[-1]], "unit": "frames",
+               "seeds": seeds, "passed": sum(r["passed"] for r in runs), "jobs": jobs})
 
 
 if __name__ == "__main__":
