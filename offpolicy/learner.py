@@ -70,7 +70,7 @@ class Learner:
                 replay.update_tensordict_priority(sample.reshape(-1))  # sliced batches are [n, slice_len]
         out = {f"loss/{k}": float(torch.stack(v).mean()) for k, v in sums.items()}
         low, high = self.action_bounds if self.action_bounds is not None else (None, None)
-        out.update({f"replay/{k}": v for k, v in action_stats(sample["action"], low, high).items()})
+        out.update({f"replay/{k}": v for k, v in action_stats(sample["action"].cpu(), low, high).items()})
         out["replay/reward"] = float(sample["next", "reward"].float().mean())
         return out
 

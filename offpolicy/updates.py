@@ -35,23 +35,26 @@ class TargetUpdate:
     """
 
     def __init__(self, loss_module, *, tau: float, hard_every: int | None = None):
+        self.loss_module = loss_module
         self.tau = tau
         self.hard_every = hard_every
         self.updates = 0  # updates counted so far (checkpointed, so hard copies keep their phase on resume)
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for name in TARGETED_NETWORKS:
-            target = getattr(loss_module, f"target_{name}_params", None)
-            if target is None:
-                continue
-            source = getattr(loss_module, f"{name}_params").flatten_keys()
-            target = target.flatten_keys()
-            self.pairs += [(source[k].data, target[k].data) for k in source.keys()]
-        if not self.pairs:
-            raise ValueError(f"{type(loss_module).__name__} has no target networks")
 
     @torch.no_grad()
     def init_(self) -> None:
-        """Targets start as exact copies of the online networks."""
+        """Pair the online and target tensors (after the loss has moved to its device) and make the targets exact
+        copies of the online networks."""
+        self.pairs = []
+        for name in TARGETED_NETWORKS:
+            target = getattr(self.loss_module, f"target_{name}_params", None)
+            if target is None:
+                continue
+            source = getattr(self.loss_module, f"{name}_params").flatten_keys()
+            target = target.flatten_keys()
+            self.pairs += [(source[k].data, target[k].data) for k in source.keys()]
+        if not self.pairs:
+            raise ValueError(f"{type(self.loss_module).__name__} has no target networks")
         for source, target in self.pairs:
             target.copy_(source)
 

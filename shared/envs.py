@@ -337,7 +337,7 @@ def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = Fals
     (``num_envs > 1``: a ``SerialEnv``). ALE games go through ``AtariVectorEnv`` wrapped by torchrl's ``GymWrapper``
     (the whole Atari preprocessing in C++); with ``train=False`` reward clipping and episodic life are off, so
     returns are real game scores. ``render=True`` (Gymnasium and dm_control, single env) makes
-    ``render_frame(env)`` (i.e. ``env.base_env._env.render()``) return RGB frames for videos.
+    ``render_frame(env)`` return RGB frames for videos.
     """
     from torchrl.envs import (CatTensors, Compose, DoubleToFloat, GymEnv, GymWrapper, PermuteTransform,
                               RenameTransform, RewardSum, SerialEnv, TransformedEnv)

@@ -1,0 +1,125 @@
+"""The GPU path of the off-policy engine in a few minutes (a figure, not a test), for a machine with a CUDA device:
+
+1. ``update``: one SAC learner step (batch 256, 256x256 MLPs) on the GPU, eager against ``torch.compile`` of the
+   loss + backward + optimiser step with CUDA graphs (``mode="reduce-overhead"``), with the compile time;
+2. ``nccl``: a training run whose learner rank runs on the GPU over NCCL (``ray.backend=nccl``, one rank);
+3. ``gpu_collectors``: a training run whose two collector actors run their policy on the GPU (half a GPU each).
+
+    python benchmarks/gpu_check.py [update] [nccl] [gpu_collectors]
+
+Prints JSON lines and appends them to benchmarks/results/gpu_check.jsonl; exits 2 with one line when there is no
+CUDA device.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+RUN = ["algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "total_frames=4000", "eval.interval_frames=0"]
+RUNS = {
+    "nccl": [*RUN, "ray.backend=nccl", "ray.world_size=1", "ray.learner_gpus=1", "ray.learner_cpus=1"],
+    "gpu_collectors": [*RUN, "ray.collector_gpus=0.5", "ray.world_size=1"],
+}
+
+
+def _emit(check: str, metric: str, value, unit: str, out: Path) -> None:
+    line = {"bench": f"gpu_check/{check}", "metric": metric, "value": value, "unit": unit,
+            "device": torch.cuda.get_device_name(0)}
+    print(json.dumps(line), flush=True)
+    with out.open("a") as f:
+        f.write(json.dumps({**line, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+
+
+def check_update(out: Path, n: int = 200) -> None:
+    """Eager and compiled (CUDA graphs) SAC learner steps on the GPU."""
+    from offpolicy.algorithms import build_parts, make_learner
+    from offpolicy.config import compose_config
+    from offpolicy.engines.local import make_collector
+    from offpolicy.envs import make_train_env
+    from offpolicy.replay import make_replay_buffer
+
+    cfg, _ = compose_config(["algo=sac", "env=HalfCheetah-v5", "optim.batch_size=256", "model.hidden=[256,256]",
+                             "collector.frames_per_batch=1000"])
+    device = torch.device("cuda")
+    env = make_train_env(cfg)
+    parts = build_parts(cfg, env)
+    collector = make_collector(cfg, env, parts.collect_policy)
+    replay = make_replay_buffer(cfg)
+    replay.extend(next(iter(collector)).reshape(-1))
+    collector.shutdown()
+    parts.loss.to(device)
+    learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(256,), device=device)
+    learner.update(replay, 20, version=1)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    learner.update(replay, n, version=1)
+    torch.cuda.synchronize()
+    _emit("update", "eager_ms", round((time.perf_counter() - start) / n * 1000, 3), "ms", out)
+
+    sample = replay.sample(256).to(device)
+    optimizers = [g.optimizer for g in parts.groups]
+
+    def step(batch):
+        losses = parts.loss(batch)
+        (losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]).backward()
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+
+    try:
+        compiled = torch.compile(step, mode="reduce-overhead")
+        start = time.perf_counter()
+        for _ in range(3):
+            compiled(sample)
+        torch.cuda.synchronize()
+        _emit("update", "compile_s", round(time.perf_counter() - start, 1), "s", out)
+        start = time.perf_counter()
+        for _ in range(n):
+            compiled(sample)
+        torch.cuda.synchronize()
+        _emit("update", "compiled_cudagraphs_ms", round((time.perf_counter() - start) / n * 1000, 3), "ms", out)
+    except Exception as exc:  # a figure, not a test: report what failed and go on with the other checks
+        _emit("update", "compile_error", " ".join(str(exc).split())[:300], "text", out)
+
+
+def check_run(name: str, out: Path) -> None:
+    """A short Ray training run on the GPU path ``name``: exit code, wall time and the summary's counts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "offpolicy.train", *RUNS[name], f"run_dir={tmp}"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=480)
+        wall = time.perf_counter() - start
+        _emit(name, "exit_code", proc.returncode, "code", out)
+        _emit(name, "wall_s", round(wall, 1), "s", out)
+        summary = Path(tmp) / "summary.json"
+        if summary.exists():
+            s = json.loads(summary.read_text())
+            for key in ("status", "frames", "optim_steps", "policy_version", "eval_return_last"):
+                _emit(name, key, s[key], "summary", out)
+        if proc.returncode:
+            _emit(name, "stderr_tail", proc.stderr[-600:], "text", out)
+
+
+def main(argv: list[str]) -> int:
+    if not torch.cuda.is_available():
+        print("error: no CUDA device: the GPU check needs one (see the README's GPU section)", file=sys.stderr)
+        return 2
+    checks = argv or ["update", "nccl", "gpu_collectors"]
+    out = ROOT / "benchmarks" / "results" / "gpu_check.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for check in checks:
+        check_update(out) if check == "update" else check_run(check, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
