@@ -42,10 +42,14 @@ def action_stats(actions: torch.Tensor, low: torch.Tensor | None, high: torch.Te
 
 class RoundMetrics:
     """Logs ``train/return`` etc. after every round that finished episodes, and the rest at most every
-    ``interval_s`` (averaged over the rounds since the last log)."""
+    ``interval_s`` (averaged over the rounds since the last log); moves the progress bar (``bar``, a tqdm or None)
+    with the latest train and eval returns."""
 
-    def __init__(self, logger: SharedLogger, *, interval_s: float, action_bounds, exploration_value):
+    def __init__(self, logger: SharedLogger, *, interval_s: float, action_bounds, exploration_value, bar=None,
+                 last_eval=lambda: None):
         self.logger = logger
+        self.bar = bar
+        self.last_eval = last_eval
         self.interval_s = interval_s
         self.low, self.high = action_bounds if action_bounds is not None else (None, None)
         self.exploration_value = exploration_value
@@ -76,6 +80,10 @@ class RoundMetrics:
             self.logger.log({"train/return": self.last_return,
                              "train/episode_length": sum(r.lengths) / len(r.lengths),
                              "train/episodes": float(progress.episodes)}, frames)
+        if self.bar is not None:
+            self.bar.update(r.frames)
+            shown = {"return": self.last_return, "eval": self.last_eval()}
+            self.bar.set_postfix({k: f"{v:.1f}" for k, v in shown.items() if v is not None}, refresh=False)
         now = time.perf_counter()
         if now - self._last_log < self.interval_s:
             return

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 from offpolicy.algorithms import build_parts
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, check_action_space, compose_config
@@ -47,9 +48,12 @@ class Run:
         self.cfg, self.engine, self.parts, self.progress = cfg, engine, parts, progress
         self.evaluator, self.obs_norm = evaluator, obs_norm
         self.invariants = RoundInvariants(engine.replay_writes())
+        self.bar = tqdm(total=cfg.total_frames, initial=progress.frames, unit="frame", unit_scale=True,
+                        dynamic_ncols=True) if cfg.logger.progress_bar else None
         self.metrics = RoundMetrics(logger, interval_s=cfg.logger.interval_s,
                                     action_bounds=parts.action_bounds(action_spec),
-                                    exploration_value=parts.exploration_value)
+                                    exploration_value=parts.exploration_value, bar=self.bar,
+                                    last_eval=lambda: evaluator.results[-1][1]["return"] if evaluator.results else None)
         self.checkpoint_path = run_dir / "checkpoints" / "last.pt"
         self.checkpoint_saved: Path | None = None  # the latest checkpoint written (or found) for this run
         self.stop_requested = False
@@ -173,6 +177,8 @@ def _train_until_stopped(cfg: DictConfig, engine, parts, run: Run) -> tuple[str,
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if run.bar is not None:
+            run.bar.close()
     try:
         run.save_checkpoint()
     except LearnerLost as exc:
