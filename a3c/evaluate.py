@@ -14,7 +14,8 @@ import torch
 from omegaconf import OmegaConf
 
 from shared.checkpoint import load_checkpoint
-from shared.config import CONFIG_ROOT, ConfigError, Rule, compose, help_text, parse_overrides, run_cli
+from shared.config import (CONFIG_ROOT, ConfigError, Rule, compose, ensure_writable_dir, help_text, parse_overrides,
+                           run_cli)
 from shared.envs import AtariBatch, AtariSettings
 from shared.evaluation import return_stats, write_video
 from shared.models import AtariActorCritic
@@ -108,18 +109,18 @@ def main(argv: list[str]) -> int:
     args = compose(config_dir, parse_overrides(argv), rules=_RULES, defaults="evaluate.yaml")
     if not args.checkpoint:
         raise ConfigError("checkpoint is required; allowed: the path of a checkpoint written by a3c.train")
-    ckpt = load_checkpoint(args.checkpoint)
+    ckpt = load_checkpoint(args.checkpoint, key="checkpoint", required=("model", "config", "num_actions", "counters"),
+                           written_by="a3c.train")
+    out_dir = ensure_writable_dir(args.run_dir or Path(args.checkpoint).resolve().parent.parent, "run_dir")
     cfg = OmegaConf.create(ckpt["config"])
     model = build_model(cfg, ckpt["num_actions"])
     model.load_state_dict(ckpt["model"])
-    out_dir = Path(args.run_dir or Path(args.checkpoint).resolve().parent.parent)
     video = out_dir / "videos" / f"evaluate_{ckpt['counters']['frames']}.mp4" if args.video else None
     torch.set_num_threads(1)
     scores = greedy_episodes(model, eval_settings(cfg, args.max_episode_frames), args.episodes, args.seed,
                              video_path=video)
     result = {**return_stats(scores), "scores": scores, "frames_trained": ckpt["counters"]["frames"],
               "env": cfg.env.name, "checkpoint": str(args.checkpoint), "video": str(video) if video else None}
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "evaluation.json").write_text(json.dumps(result, indent=2))
     print(f"return: {result['return']:.2f} +- {result['return_std']:.2f} over {args.episodes} greedy episodes "
           f"({cfg.env.name}, {result['frames_trained']} frames trained)" + (f"; video: {video}" if video else ""))

@@ -54,12 +54,15 @@ def save(path: Path, model, optimizer, stats: SharedStats, cfg, num_actions: int
     })
 
 
+CHECKPOINT_KEYS = ("model", "optimizer", "counters", "config", "num_actions")  # what save() writes
+
+
 def main(argv: list[str]) -> int:
     if {"-h", "--help"} & set(argv):
         print(config_help())
         return 0
     resume = parse_overrides(argv, ALIASES).get("resume")
-    ckpt = load_checkpoint(resume) if resume else None
+    ckpt = load_checkpoint(resume, key="resume", required=CHECKPOINT_KEYS, written_by="a3c.train") if resume else None
     cfg = load_config(argv, base=ckpt["config"] if ckpt else None)
     run_dir = make_run_dir(cfg, f"a3c-{cfg.env.name}")
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers before they import torch

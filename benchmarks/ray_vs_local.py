@@ -1,12 +1,14 @@
 """The Ray engine against the local one (a figure, not a test): env steps/s and optimiser updates/s of the same
 algorithm and config, after prefill, with equal resources on this machine. The goal is Ray >= 80 % of local.
 
-    python benchmarks/ray_vs_local.py [sac|dqn ...] [frames=N] [cpus=N]
+    python benchmarks/ray_vs_local.py [sac|dqn ...] [frames=N] [cpus=N] [engines=local-1env,ray-1x1,...]
 
 - local: one process, ``threads=cpus`` torch threads, ``env.num_envs=2`` envs stepped in turn (SerialEnv);
 - ray: a local Ray cluster of ``cpus`` CPUs, 2 collector actors x 1 env, 2 Gloo learner ranks (global batch split
   in two) of ``cpus / 2`` torch threads each, the replay actor; every actor reserves ``cpus / 4`` CPUs;
-- ray-1rank: the same with one learner rank of ``cpus`` torch threads (no gradient all-reduce).
+- ray-1rank: the same with one learner rank of ``cpus`` torch threads (no gradient all-reduce);
+- local-1env / ray-1x1: one env, against one collector actor x 1 env and one learner rank (each actor ``cpus / 2``
+  CPUs): the issue's "one collector, one learner rank" case, compared with local-1env.
 
 Each case is a fresh ``python -m offpolicy.train`` with evaluation off and metrics logged every round; the figures are
 frames (or updates) between the end of the prefill round and the end of the run over the wall time between them (so
@@ -33,12 +35,18 @@ COMMON = ["optim.utd_ratio=1", "optim.batch_size=256", "model.hidden=[256,256]",
 CASES = {"sac": ["algo=sac", "env=HalfCheetah-v5"], "dqn": ["algo=dqn", "env=CartPole-v1"]}
 
 
-ENGINES = ("local", "ray", "ray-1rank")
+ENGINES = ("local", "ray", "ray-1rank", "local-1env", "ray-1x1")
+BASELINE = {"ray": "local", "ray-1rank": "local", "ray-1x1": "local-1env"}
 
 
 def engine_args(engine: str, cpus: int) -> list[str]:
     if engine == "local":
         return [f"threads={cpus}", "env.num_envs=2", "env.vector=serial"]
+    if engine == "local-1env":
+        return [f"threads={cpus}"]
+    if engine == "ray-1x1":
+        return ["engine=ray", f"ray.num_cpus={cpus}", "ray.num_collectors=1", f"ray.collector_cpus={cpus / 2}",
+                "ray.world_size=1", f"ray.learner_cpus={cpus / 2}", f"threads={cpus}"]
     share = cpus / 4
     # torch threads as locally: cpus in all, so one per rank with two ranks
     ranks = ["ray.world_size=2", f"ray.learner_cpus={share}", f"threads={max(cpus // 2, 1)}"] if engine == "ray" \
@@ -69,13 +77,16 @@ def main(argv: list[str]) -> None:
     out = ROOT / "benchmarks" / "results" / "ray_vs_local.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    engines = opts["engines"].split(",") if "engines" in opts else ENGINES
     for name in names:
-        results = {engine: measure(name, engine, frames, cpus) for engine in ENGINES}
+        results = {engine: measure(name, engine, frames, cpus) for engine in engines}
         lines = [{"bench": f"ray_vs_local/{name}/{engine}", "metric": metric, "value": round(r[metric], 1),
                   "unit": unit} for engine, r in results.items()
                  for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"))]
-        for engine in ENGINES[1:]:
-            ratio = results[engine]["env_steps_per_s"] / results["local"]["env_steps_per_s"]
+        for engine, baseline in BASELINE.items():
+            if engine not in results or baseline not in results:
+                continue
+            ratio = results[engine]["env_steps_per_s"] / results[baseline]["env_steps_per_s"]
             lines.append({"bench": f"ray_vs_local/{name}/{engine}", "metric": "over_local", "value": round(ratio, 3),
                           "unit": "ratio", "goal": 0.8})
         for line in lines:

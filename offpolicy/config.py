@@ -13,6 +13,7 @@ from shared.envs import check_gym_name
 from shared.logging import BACKENDS
 
 CONFIG_DIR = CONFIG_ROOT / "offpolicy"
+CHECKPOINT_KEYS = ("config", "counters", "learner")  # what offpolicy.train writes (train.Run.save_checkpoint)
 ALIASES = {"env": "env.name", "lr": "optim.lr", "utd": "optim.utd_ratio"}
 GROUPS = (Group("algo", may_add_keys=True), Group("profile"))
 
@@ -96,7 +97,9 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     """Compose and validate the config; with ``resume=PATH`` the checkpoint's config is the base. Returns
     ``(cfg, checkpoint or None)``."""
     overrides = parse_overrides(argv, ALIASES)
-    checkpoint = load_checkpoint(overrides["resume"]) if overrides.get("resume") not in (None, "", "null") else None
+    resume = overrides.get("resume")
+    checkpoint = (load_checkpoint(resume, key="resume", required=CHECKPOINT_KEYS, written_by="offpolicy.train")
+                  if resume not in (None, "", "null") else None)
     base = checkpoint["config"] if checkpoint is not None else None
     if base is not None and overrides.get("algo", base["algo"]) != base["algo"]:
         raise ConfigError(f"algo={overrides['algo']!r} differs from the resumed run's; allowed: {base['algo']}")

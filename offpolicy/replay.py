@@ -7,6 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from shared import compat
+from shared.config import ensure_writable_dir
 
 
 def replay_scratch_dir(cfg: DictConfig, run_dir: Path) -> Path:
@@ -23,6 +24,8 @@ def make_replay_buffer(cfg: DictConfig, run_dir: Path | None = None):
 
     size = cfg.replay.size
     if cfg.replay.storage == "memmap":
+        key = "replay.scratch_dir" if cfg.replay.scratch_dir else "run_dir"
+        ensure_writable_dir(replay_scratch_dir(cfg, run_dir), key)
         # existsok: a rerun into the same directory overwrites it (torchrl refuses an existing dir by default)
         storage = LazyMemmapStorage(size, scratch_dir=str(replay_scratch_dir(cfg, run_dir)), existsok=True)
     else:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from offpolicy.algorithms import ALGOS
-from shared.config import ConfigError, run_cli
+from shared.config import ConfigError, ensure_writable_dir, run_cli
 
 SUITE_KEYS = ("algos", "suite_dir", "timeout_s")
 SMOKE_ENVS = {"dqn": "CartPole-v1", "sac": "Pendulum-v1", "ddpg": "Pendulum-v1", "td3": "Pendulum-v1"}
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
     own, overrides = _parse(argv)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     suite_dir = Path(own.get("suite_dir") or f"runs/suite-{stamp}")
-    suite_dir.mkdir(parents=True, exist_ok=True)
+    ensure_writable_dir(suite_dir, "suite_dir")
     runs = []
     for algo in own["algos"]:
         result = run_one(algo, suite_dir / algo, overrides, own["timeout_s"])

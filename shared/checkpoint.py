@@ -29,11 +29,31 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True`` (tensors, containers and plain Python values only)."""
+def load_checkpoint(path: str | Path, *, key: str = "resume", required: tuple[str, ...] = (),
+                    written_by: str = "this entry point") -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` (tensors, containers and plain Python values only).
+
+    Whatever is wrong with the file (missing, a directory, unreadable, not a checkpoint, truncated, or lacking the
+    ``required`` top-level keys, as a checkpoint of the other engine does) is one ConfigError naming ``key``.
+    """
     from shared.config import ConfigError
 
     path = Path(path)
+    where = f"{key}={str(path)!r}"
+    if not path.exists():
+        raise ConfigError(f"{where}: no such file; allowed: a checkpoint written by {written_by}")
     if not path.is_file():
-        raise ConfigError(f"checkpoint {str(path)!r} does not exist")
-    return torch.load(path, map_location="cpu", weights_only=True)
+        raise ConfigError(f"{where} is not a file; allowed: a checkpoint file written by {written_by}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be read ({exc.strerror or exc}); allowed: a readable checkpoint") from None
+    except Exception as exc:  # torch raises several types for a corrupt, truncated or foreign file
+        reason = " ".join(str(exc).split())[:160] or type(exc).__name__
+        raise ConfigError(f"{where} is not a checkpoint or is damaged ({type(exc).__name__}: {reason}); allowed: "
+                          f"a complete checkpoint written by {written_by}") from None
+    missing = [k for k in required if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ConfigError(f"{where} is not a checkpoint of {written_by} (it lacks {', '.join(missing)}); allowed: "
+                          f"a checkpoint written by {written_by}")
+    return state

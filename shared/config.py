@@ -233,10 +233,25 @@ def make_run_dir(cfg: DictConfig, name: str) -> Path:
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path("runs") / f"{name}-{stamp}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_writable_dir(run_dir, "run_dir")
     cfg.run_dir = str(run_dir)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     return run_dir
+
+
+def ensure_writable_dir(path: str | Path, key: str) -> Path:
+    """Create ``path`` (and its parents) and check that files can be written in it; a failure is one ConfigError
+    naming ``key``."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{key}={str(path)!r} cannot be created or written ({exc.strerror or exc}); allowed: a "
+                          "directory this user can create and write") from None
+    return path
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
