@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Callable
@@ -54,7 +55,7 @@ class AsyncEvaluator:
         self._pending: tuple[int, TensorDict, int] | None = None
         self._busy = False
         self._closed = False
-        self.error: BaseException | None = None
+        self.error: str | None = None  # the first failure, as one line (training goes on without evaluations)
         self.results: list[tuple[int, dict]] = []
         self._thread = threading.Thread(target=self._run, name="offpolicy-eval", daemon=True)
         self._thread.start()
@@ -67,11 +68,9 @@ class AsyncEvaluator:
             self._cond.notify()
 
     def wait(self) -> None:
-        """Block until every submitted evaluation has finished."""
+        """Block until every submitted evaluation has finished (or failed: see :attr:`error`)."""
         with self._cond:
             self._cond.wait_for(lambda: (self._pending is None and not self._busy) or self._closed)
-        if self.error is not None:
-            raise self.error
 
     def close(self) -> None:
         with self._cond:
@@ -93,8 +92,11 @@ class AsyncEvaluator:
                 self._busy = True
             try:
                 self._evaluate(frames, weights, episodes)
-            except BaseException as exc:  # surfaced by wait(); the training loop keeps going meanwhile
-                self.error = exc
+            except Exception as exc:  # reported at once; training goes on, the summary carries it
+                if self.error is None:
+                    self.error = f"evaluation at {frames} frames failed: {type(exc).__name__}: " + \
+                        " ".join(str(exc).split())[:300]
+                    print(f"\nwarning: {self.error}", file=sys.stderr, flush=True)
             finally:
                 with self._cond:
                     self._busy = False

@@ -53,7 +53,8 @@ class Run:
         self.metrics = RoundMetrics(logger, interval_s=cfg.logger.interval_s,
                                     action_bounds=parts.action_bounds(action_spec),
                                     exploration_value=parts.exploration_value, bar=self.bar,
-                                    last_eval=lambda: evaluator.results[-1][1]["return"] if evaluator.results else None)
+                                    last_eval=lambda: "failed" if evaluator.error else
+                                    evaluator.results[-1][1]["return"] if evaluator.results else None)
         self.checkpoint_path = run_dir / "checkpoints" / "last.pt"
         self.checkpoint_saved: Path | None = None  # the latest checkpoint written (or found) for this run
         self.stop_requested = False
@@ -138,6 +139,7 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
         "episodes": progress.episodes, "utd_ratio": cfg.optim.utd_ratio,
         "train_return_last": run.metrics.last_return,
         "eval_return_last": evals[-1] if evals else None, "eval_return_best": max(evals) if evals else None,
+        "eval_error": evaluator.error,
         "elapsed_s": round(progress.elapsed_s, 2), "checkpoint": run.checkpoint_saved and str(run.checkpoint_saved),
         "run_dir": str(run_dir),
     }

@@ -33,3 +33,22 @@ def test_smoke_run(algo, tmp_path):
         assert read_scalars(run_dir, "replay/action_std_5")[0]  # per-dimension std (HalfCheetah has 6 dims)
     assert (run_dir / "curves.png").stat().st_size > 0
     assert (run_dir / "checkpoints" / "last.pt").exists()
+
+
+def test_failing_evaluation_is_reported_at_once_and_training_goes_on(tmp_path, capsys, monkeypatch):
+    """An evaluator that fails: one warning line as soon as it happens, training completes, the summary has the
+    error."""
+    from offpolicy import train
+    from offpolicy.config import compose_config
+
+    def broken_eval_env(cfg, **kwargs):
+        raise RuntimeError("no display for the evaluation env")
+
+    cfg, _ = compose_config(["algo=dqn", "profile=smoke", f"run_dir={tmp_path}"])
+    monkeypatch.setattr(train, "make_eval_env", broken_eval_env)
+    s = train.train(cfg)
+    assert s["status"] == "completed" and s["frames"] == 300 and s["optim_steps"] == 100
+    assert s["eval_error"] == ("evaluation at 200 frames failed: RuntimeError: no display for the evaluation env")
+    assert summary(tmp_path)["eval_error"] == s["eval_error"]
+    err = capsys.readouterr().err
+    assert err.count("warning: evaluation at 200 frames failed") == 1  # once, at the first failure
