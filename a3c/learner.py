@@ -58,17 +58,14 @@ class A3CLearner:
         batch["observation"] = to_channels_last(batch["observation"])
         self.trunk(batch)  # shared features once, with grad; actor and critic heads read "hidden"
         losses = self.loss(batch)
-        total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
+        # A2CLoss leaves out loss_entropy (and the entropy) when entropy_coeff is 0
+        total = sum(v for k, v in losses.items() if k.startswith("loss_"))
         total.backward()
         copy_gradients(self.local, self.global_model)
         grad_norm = nn.utils.clip_grad_norm_(self.global_model.parameters(), self.max_grad_norm)
         self.optimizer.step()
         self.local.zero_grad(set_to_none=True)
-        return {
-            "loss/objective": losses["loss_objective"].item(),
-            "loss/critic": losses["loss_critic"].item(),
-            "loss/entropy": losses["loss_entropy"].item(),
-            "a3c/entropy": losses["entropy"].item(),
-            "a3c/grad_norm": grad_norm.item(),
-            "a3c/advantage": batch["advantage"].mean().item(),
-        }
+        names = {"loss_objective": "loss/objective", "loss_critic": "loss/critic", "loss_entropy": "loss/entropy",
+                 "entropy": "a3c/entropy"}
+        metrics = {name: losses[key].item() for key, name in names.items() if key in losses.keys()}
+        return {**metrics, "a3c/grad_norm": grad_norm.item(), "a3c/advantage": batch["advantage"].mean().item()}

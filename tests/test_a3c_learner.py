@@ -26,11 +26,11 @@ def fake_rollout(seed: int, envs: int = ENVS, steps: int = STEPS, channels: int 
     }, batch_size=[envs, steps])
 
 
-def _learner(minibatches=1, lr=0.0, gae_lambda=1.0):
+def _learner(minibatches=1, lr=0.0, gae_lambda=1.0, entropy_coeff=0.01):
     model = AtariActorCritic(num_actions=4, in_channels=2, image_size=36, arch="small")
     local = copy.deepcopy(model)
     return A3CLearner(local, model, torch.optim.SGD(model.parameters(), lr=lr), gamma=0.9, gae_lambda=gae_lambda,
-                      entropy_coeff=0.01, critic_coeff=0.5, loss_critic_type="l2", max_grad_norm=1e9,
+                      entropy_coeff=entropy_coeff, critic_coeff=0.5, loss_critic_type="l2", max_grad_norm=1e9,
                       rollout_size=ENVS * STEPS, minibatches=minibatches)
 
 
@@ -68,3 +68,13 @@ def test_update_reports_finite_losses():
     metrics = _learner(lr=1e-3).update(fake_rollout(2))
     assert set(metrics) >= {"loss/objective", "loss/critic", "loss/entropy", "a3c/grad_norm"}
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+
+
+def test_zero_entropy_coefficient_updates_without_an_entropy_term():
+    """a3c.entropy_coeff=0 is allowed by the config: A2CLoss then has no loss_entropy, and the update must still
+    step (it used to die with KeyError: loss_entropy in every worker)."""
+    learner = _learner(lr=1e-2, entropy_coeff=0.0)
+    before = [p.detach().clone() for p in learner.global_model.parameters()]
+    metrics = learner.update(fake_rollout(3))
+    assert "loss/entropy" not in metrics and {"loss/objective", "loss/critic"} <= set(metrics)
+    assert any(not torch.equal(a, b) for a, b in zip(before, learner.global_model.parameters()))
