@@ -6,13 +6,22 @@ from functools import partial
 
 from omegaconf import DictConfig
 
-from shared.envs import AtariSettings, atari_rom, make_env
+from shared import envs as shared_envs
+from shared.envs import AtariSettings, make_env
 
 
 def is_atari(cfg: DictConfig) -> bool:
-    import gymnasium
+    """Whether the run's env is an ALE game (any spelling: ``Pong``, ``ALE/Pong-v5``, ``PongNoFrameskip-v4``)."""
+    return shared_envs.is_atari(cfg.env.name)
 
-    return cfg.env.name not in gymnasium.registry and atari_rom(cfg.env.name) is not None
+
+def eval_max_steps(cfg: DictConfig) -> int:
+    """Agent steps an evaluation episode may take: Atari plays whole games (to game over, or ALE's cap of
+    ``max_episode_frames`` emulator frames, which ends the game itself); other envs ``eval.max_episode_steps``."""
+    if is_atari(cfg):
+        settings = _atari_settings(cfg)
+        return settings.max_episode_frames // settings.frame_skip + 1
+    return cfg.eval.max_episode_steps
 
 
 def _atari_settings(cfg: DictConfig) -> AtariSettings:
@@ -76,3 +85,16 @@ def _obs_norm(state: dict | None):
         return ObservationNorm(in_keys=["observation"], standard_normal=True)
     return ObservationNorm(loc=state["loc"].clone(), scale=state["scale"].clone(), in_keys=["observation"],
                            standard_normal=True)
+
+
+def for_replay(rollout):
+    """A collected rollout as replay stores it: ``[num_envs, T] -> [num_envs * T]`` single transitions; on Atari a
+    lost life ends the training episode there (``terminated``: no bootstrap, DeepMind's episodic life) while the
+    game itself goes on. Runs in this process (local) or in each Ray collector actor."""
+    batch = rollout.reshape(-1)
+    lost = batch.get(("next", "life_lost"), None)
+    if lost is not None:
+        for key in ("terminated", "done"):
+            ended = batch.get(("next", key))
+            batch.set(("next", key), ended | lost.reshape(ended.shape))
+    return batch

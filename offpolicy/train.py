@@ -19,7 +19,7 @@ from offpolicy.algorithms import build_parts
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, check_action_space, compose_config
 from offpolicy.engines import describe_failure, make_engine
 from offpolicy.engines.base import LearnerLost
-from offpolicy.envs import make_eval_env, make_train_env, obs_norm_state
+from offpolicy.envs import eval_max_steps, make_eval_env, make_train_env, obs_norm_state
 from offpolicy.evaluate import AsyncEvaluator
 from offpolicy.invariants import InvariantError, RoundInvariants
 from offpolicy.loop import train_loop
@@ -123,7 +123,7 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
               + (f"; resumed at {progress.frames} frames" if checkpoint is not None else ""), flush=True)
         logger = SharedLogger(make_logger(cfg.logger.backend, run_dir, config=OmegaConf.to_container(cfg, resolve=True)))
         evaluator = AsyncEvaluator(lambda render: make_eval_env(cfg, render=render, obs_norm=norm), parts.eval_policy,
-                                   logger, episodes=cfg.eval.episodes, max_steps=cfg.eval.max_episode_steps,
+                                   logger, episodes=cfg.eval.episodes, max_steps=eval_max_steps(cfg),
                                    video_dir=run_dir / "videos" if cfg.eval.video else None)
         run = Run(cfg, run_dir, engine, parts, env.action_spec_unbatched, progress, logger, evaluator, norm)
         status, error = _train_until_stopped(cfg, engine, parts, run)

@@ -13,6 +13,7 @@ Gymnasium/MuJoCo ids go through torchrl's ``GymEnv`` and dm_control suite tasks 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import os
@@ -45,6 +46,15 @@ def atari_rom(name: str) -> str | None:
     if snake in roms:
         return snake
     return atari_games().get(bare)
+
+
+GAME_KEYS = ("game_over", "game_score", "game_length")  # whole Atari games, in a step's info (AtariSignals)
+
+
+def is_atari(name: str) -> bool:
+    """Whether ``name`` is an ALE game in any spelling A3C accepts (``Pong``, ``pong``, ``ALE/Pong-v5``,
+    ``PongNoFrameskip-v4``); such names always go through the shared Atari stack, never plain Gymnasium."""
+    return not is_dmc(name) and atari_rom(str(name)) is not None
 
 
 def check_atari_name(name: str) -> None:
@@ -82,41 +92,127 @@ class AtariSettings:
         return self.frame_stack * (1 if self.grayscale else 3)
 
 
-class AtariBatch:
-    """``num_envs`` Atari games stepped together; observations are uint8 ``[E, C, H, W]``.
+@functools.lru_cache(maxsize=None)
+def fire_action(rom: str) -> int | None:
+    """The index of FIRE in the game's minimal action set (None for games without it)."""
+    import ale_py
+    import gymnasium
 
-    ``step`` returns the training signal (clipped reward, done on life loss when ``episodic_life``) and the list of
-    real episodes that ended, as ``(env_index, score, agent_steps)``. Truncated episodes count as done; with same-step autoreset
-    the observation returned for a finished game is already the first one of the next game.
+    gymnasium.register_envs(ale_py)
+    game = "".join(part.capitalize() for part in rom.split("_"))
+    env = gymnasium.make(f"ALE/{game}-v5")
+    try:
+        meanings = env.unwrapped.get_action_meanings()
+    finally:
+        env.close()
+    return meanings.index("FIRE") if "FIRE" in meanings else None
+
+
+def make_atari_vector_env(settings: AtariSettings, num_envs: int, *, train: bool, num_threads: int = 1):
+    """The one Atari factory of both engines: ``num_envs`` games of ``settings.name`` preprocessed in C++ by
+    ``AtariVectorEnv`` (same-step autoreset), with the training signal of :class:`AtariSignals` on top."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    env = AtariVectorEnv(
+        atari_rom(settings.name), num_envs, num_threads=num_threads, frameskip=settings.frame_skip,
+        stack_num=settings.frame_stack, img_height=settings.image_size, img_width=settings.image_size,
+        grayscale=settings.grayscale, noop_max=settings.noop_max, use_fire_reset=settings.fire_reset,
+        repeat_action_probability=settings.sticky_actions, max_num_frames_per_episode=settings.max_episode_frames,
+        # ALE's own episodic_life restarts the whole game at a lost life, and its clipping hides the real scores:
+        # both are done in AtariSignals instead
+        episodic_life=False, reward_clipping=False, autoreset_mode="SameStep",
+    )
+    return AtariSignals(env, settings, train=train)
+
+
+class AtariSignals:
+    """A Gymnasium vector env over ``AtariVectorEnv`` that separates the training signal from the game.
+
+    - A lost life is reported as ``info["life_lost"]`` (with ``train`` and ``episodic_life``) while the same game goes
+      on: the consumer ends the *training* episode there (DeepMind's EpisodicLifeEnv), the env never resets for it.
+    - With ``train`` and ``clip_rewards``, rewards are ``sign(r)``.
+    - Whole games are reported in ``info``: ``game_over`` and its raw ``game_score`` and ``game_length`` (agent
+      steps; also under ``final_info``, where same-step autoreset readers such as torchrl's look for a finished
+      game's values), so returns stay real scores.
+    - After a lost life, games with a FIRE action get FIRE as their next action (with ``fire_reset``): Breakout and
+      the like relaunch the ball only on FIRE, and a greedy policy that never presses it would stall until the cap.
+    """
+
+    def __init__(self, env, settings: AtariSettings, *, train: bool):
+        self.env, self.settings = env, settings
+        self.num_envs = env.num_envs
+        self.single_observation_space, self.single_action_space = env.single_observation_space, env.single_action_space
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        self.metadata, self.autoreset_mode = env.metadata, env.autoreset_mode
+        self.render_mode, self.spec, self.closed = None, None, False
+        self.episodic_life = train and settings.episodic_life
+        self.clip_rewards = train and settings.clip_rewards
+        self.fire = fire_action(atari_rom(settings.name)) if settings.fire_reset else None
+        self._lives = np.zeros(self.num_envs, dtype=np.int32)
+        self._score = np.zeros(self.num_envs, dtype=np.float64)
+        self._length = np.zeros(self.num_envs, dtype=np.int64)
+        self._fire_next = np.zeros(self.num_envs, dtype=bool)
+
+    @property
+    def unwrapped(self):
+        return self.env
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._lives[:] = info["lives"]
+        self._score[:] = 0
+        self._length[:] = 0
+        self._fire_next[:] = False
+        return obs, self._with_game_keys(info, np.zeros(self.num_envs, dtype=bool))
+
+    def _with_game_keys(self, info: dict, game_over: np.ndarray, life_lost: np.ndarray | None = None) -> dict:
+        info["game_over"] = game_over
+        info["game_score"] = np.where(game_over, self._score, 0.0)
+        info["game_length"] = np.where(game_over, self._length, 0)
+        info["life_lost"] = np.zeros(self.num_envs, dtype=bool) if life_lost is None else life_lost
+        return info
+
+    def step(self, actions):
+        actions = np.asarray(actions, dtype=np.int32).reshape(self.num_envs).copy()
+        if self.fire is not None:
+            actions[self._fire_next] = self.fire
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        game_over = terminated | truncated
+        self._score += reward
+        self._length += 1
+        life_lost = (info["lives"] < self._lives) & ~game_over  # at a game over, lives are the next game's
+        self._lives[:] = info["lives"]
+        self._fire_next = life_lost
+        info = self._with_game_keys(info, game_over, life_lost if self.episodic_life else None)
+        if game_over.any():
+            info["final_info"] = {k: info[k] for k in (*GAME_KEYS, "life_lost")}
+        self._score[game_over] = 0
+        self._length[game_over] = 0
+        if self.clip_rewards:
+            reward = np.sign(reward)
+        return obs, reward.astype(np.float32), terminated, truncated, info
+
+    def close(self) -> None:
+        if not self.closed:
+            self.env.close()
+            self.closed = True
+
+
+class AtariBatch:
+    """``num_envs`` Atari games stepped together (A3C's env); observations are uint8 ``[E, C, H, W]``.
+
+    ``step`` returns the training signal (clipped reward, done on a lost life when ``episodic_life``, see
+    :class:`AtariSignals`) and the list of whole games that ended, as ``(env_index, score, agent_steps)``. Truncated
+    games count as done; with same-step autoreset the observation returned for a finished game is already the first
+    one of the next game.
     """
 
     def __init__(self, settings: AtariSettings, num_envs: int, seed: int, num_threads: int = 1):
-        from ale_py.vector_env import AtariVectorEnv
-
         self.settings = settings
         self.num_envs = num_envs
-        self._env = AtariVectorEnv(
-            atari_rom(settings.name),
-            num_envs,
-            num_threads=num_threads,
-            frameskip=settings.frame_skip,
-            stack_num=settings.frame_stack,
-            img_height=settings.image_size,
-            img_width=settings.image_size,
-            grayscale=settings.grayscale,
-            noop_max=settings.noop_max,
-            use_fire_reset=settings.fire_reset,
-            repeat_action_probability=settings.sticky_actions,
-            max_num_frames_per_episode=settings.max_episode_frames,
-            episodic_life=False,  # applied below from `lives`, so scores stay whole-game
-            reward_clipping=False,  # applied below, so scores stay unclipped
-            autoreset_mode="SameStep",
-        )
+        self.seed = seed
+        self._env = make_atari_vector_env(settings, num_envs, train=True, num_threads=num_threads)
         self.num_actions = int(self._env.single_action_space.n)
-        self._seed = seed
-        self._lives = np.zeros(num_envs, dtype=np.int32)
-        self._score = np.zeros(num_envs, dtype=np.float64)
-        self._length = np.zeros(num_envs, dtype=np.int64)
 
     def _format(self, obs: np.ndarray) -> np.ndarray:
         if not self.settings.grayscale:  # [E, S, H, W, 3] -> [E, S*3, H, W]
@@ -125,27 +221,14 @@ class AtariBatch:
         return obs
 
     def reset(self) -> np.ndarray:
-        obs, info = self._env.reset(seed=self._seed)
-        self._lives[:] = info["lives"]
-        self._score[:] = 0
-        self._length[:] = 0
+        obs, _ = self._env.reset(seed=self.seed)
         return self._format(obs)
 
     def step(self, actions: np.ndarray):
-        obs, reward, terminated, truncated, info = self._env.step(actions.astype(np.int32, copy=False))
-        game_over = terminated | truncated
-        self._score += reward
-        self._length += 1
-        finished = [(int(i), float(self._score[i]), int(self._length[i])) for i in np.flatnonzero(game_over)]
-        self._score[game_over] = 0
-        self._length[game_over] = 0
-        done = game_over
-        if self.settings.episodic_life:
-            life_lost = (info["lives"] < self._lives) & ~game_over
-            done = game_over | life_lost
-        self._lives[:] = info["lives"]
-        train_reward = np.sign(reward) if self.settings.clip_rewards else reward
-        return self._format(obs), train_reward.astype(np.float32), done, finished
+        obs, reward, terminated, truncated, info = self._env.step(actions)
+        finished = [(int(i), float(info["game_score"][i]), int(info["game_length"][i]))
+                    for i in np.flatnonzero(info["game_over"])]
+        return self._format(obs), reward, terminated | truncated | info["life_lost"], finished
 
     def close(self) -> None:
         self._env.close()
@@ -342,18 +425,18 @@ def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = Fals
     from torchrl.envs import (CatTensors, Compose, DoubleToFloat, GymEnv, GymWrapper, PermuteTransform,
                               RenameTransform, RewardSum, SerialEnv, TransformedEnv)
 
-    if not is_dmc(name) and atari_rom(name) is not None and name not in _gym_ids():
-        from ale_py.vector_env import AtariVectorEnv
+    if is_atari(name):
+        import torch
+        from torchrl.data import Composite, Unbounded
+        from torchrl.envs.gym_like import default_info_dict_reader
 
-        s = atari or AtariSettings(name=name)
-        base = GymWrapper(AtariVectorEnv(
-            atari_rom(name), num_envs, num_threads=1, frameskip=s.frame_skip, stack_num=s.frame_stack,
-            img_height=s.image_size, img_width=s.image_size, grayscale=s.grayscale, noop_max=s.noop_max,
-            use_fire_reset=s.fire_reset, repeat_action_probability=s.sticky_actions,
-            max_num_frames_per_episode=s.max_episode_frames,
-            episodic_life=s.episodic_life and train, reward_clipping=s.clip_rewards and train,
-            autoreset_mode="SameStep",  # torchrl's GymWrapper refuses NextStep autoreset
-        ))
+        settings = dataclasses.replace(atari or AtariSettings(), name=name)
+        # same-step autoreset: torchrl's GymWrapper refuses NextStep
+        base = GymWrapper(make_atari_vector_env(settings, num_envs, train=train))
+        keys = (*GAME_KEYS, "life_lost")
+        games = Composite({key: Unbounded(shape=(num_envs,), dtype=dtype) for key, dtype in
+                           zip(keys, (torch.bool, torch.float64, torch.int64, torch.bool))}, shape=(num_envs,))
+        base.set_info_dict_reader(default_info_dict_reader(list(keys), spec=games))  # ("next", "game_*")
         base.set_seed(seed)
         return TransformedEnv(base, RewardSum())
     check_gym_name(name)

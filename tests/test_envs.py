@@ -1,5 +1,6 @@
 """The shared Atari env: names, the configurable stack, and training signals vs. real scores."""
 import numpy as np
+import torch
 import pytest
 
 from shared.config import ConfigError
@@ -60,3 +61,46 @@ def test_episodic_life_ends_training_episodes_only():
     _, dones, finished = _play(AtariSettings(name="Breakout"), 300)
     _, dones_off, _ = _play(AtariSettings(name="Breakout", episodic_life=False), 300)
     assert dones.sum() > len(finished) and dones_off.sum() < dones.sum()
+
+
+def _offpolicy_breakout(steps, policy=None, seed=0):
+    """The off-policy (torchrl) Breakout env, one game, for ``steps`` agent steps of random (or ``policy``) actions."""
+    from shared.envs import make_env
+
+    env = make_env("Breakout", seed=seed, num_envs=1, atari=AtariSettings(name="Breakout"), train=True)
+    try:
+        return env.rollout(steps, policy, break_when_any_done=False)
+    finally:
+        env.close()
+
+
+def test_a_lost_life_ends_the_training_episode_but_not_the_game():
+    """ALE's own episodic_life restarted the whole game at every lost life (lives stayed 5); here the game goes on:
+    4 lost lives per finished 5-life game, the emulator's episode frame counter keeps running across them, and the
+    replay sees each lost life as a terminal transition."""
+    from offpolicy.envs import for_replay
+
+    td = _offpolicy_breakout(1200)
+    nxt = td["next"]
+    lost, over = nxt["life_lost"].reshape(-1), nxt["game_over"].reshape(-1)
+    assert over.sum() >= 2 and lost.sum() >= 4 * over.sum()
+    lives = nxt["lives"].reshape(-1)
+    assert set(lives[lost].tolist()) == {4, 3, 2, 1}  # the same game, one life fewer each time
+    frames = nxt["episode_frame_number"].reshape(-1)
+    t = int(lost.nonzero()[0])
+    assert frames[t + 1] > frames[t - 1] > 0  # not a new game after the lost life
+    assert not nxt["done"].reshape(-1)[lost].any()  # the env itself never resets for a lost life...
+    replay = for_replay(td)
+    assert replay["next", "terminated"].reshape(-1)[lost].all()  # ...the training signal ends there
+    assert replay["next", "terminated"].sum() == (lost | over).sum()
+
+
+def test_fire_after_a_lost_life_relaunches_the_ball():
+    """A policy that never presses FIRE (always NOOP): in Breakout the ball comes back only on FIRE, so without the
+    FIRE after each lost life the game would stall with 4 lives until the frame cap."""
+    from tensordict.nn import TensorDictModule
+
+    noop = TensorDictModule(lambda obs: torch.nn.functional.one_hot(torch.zeros(obs.shape[:-3], dtype=torch.long), 4),
+                            in_keys=["observation"], out_keys=["action"])
+    nxt = _offpolicy_breakout(1500, noop)["next"]
+    assert nxt["game_over"].sum() >= 1 and nxt["life_lost"].sum() >= 4

@@ -3,17 +3,37 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from offpolicy_helpers import train_inprocess
 
 from shared.logging import read_scalars
 
 
-def test_dqn_on_atari(tmp_path):
-    s = train_inprocess("algo=dqn", "env=Pong", "profile=smoke", "replay.size=300", "eval.interval_frames=0",
+@pytest.mark.parametrize("name", ["Pong", "ALE/Pong-v5", "PongNoFrameskip-v4", "breakout"])
+def test_every_ale_spelling_is_the_shared_atari_env(name):
+    from offpolicy.config import compose_config
+    from offpolicy.envs import make_train_env
+
+    cfg, _ = compose_config(["algo=dqn", f"env={name}"])
+    env = make_train_env(cfg)
+    try:
+        assert env.observation_spec_unbatched["observation"].shape == (4, 84, 84)
+        assert "life_lost" in env.rollout(2)["next"].keys()  # the shared Atari stack, not plain Gymnasium
+    finally:
+        env.close()
+
+
+def test_dqn_on_atari_evaluates_whole_games(tmp_path):
+    """A full id trains off-policy; evaluation plays a whole game (eval.max_episode_steps, 20 here, is for
+    non-Atari envs): an untrained agent loses 21 to at most a few points, in hundreds of steps."""
+    s = train_inprocess("algo=dqn", "env=ALE/Pong-v5", "profile=smoke", "replay.size=300", "eval.interval_frames=0",
                         "eval.max_episode_steps=20", f"run_dir={tmp_path}")
     assert s["status"] == "completed" and s["frames"] == 300 and s["optim_steps"] == 100
     steps, returns = read_scalars(tmp_path, "eval/return")
-    assert steps == [300.0] and -21 <= returns[0] <= 21  # whole-game score scale (no reward clipping in eval)
+    _, lengths = read_scalars(tmp_path, "eval/length")
+    assert steps == [300.0] and float(returns[0]).is_integer() and -21 <= returns[0] <= -10
+    assert lengths[0] > 500  # a whole game, not 20 steps of one
 
 
 def test_mujoco_eval_writes_video(tmp_path):

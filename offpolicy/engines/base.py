@@ -61,11 +61,13 @@ class RolloutStats:
             return Rollout()
         batch = torch.cat([b.reshape(-1) for b in batches]) if len(batches) > 1 else batches[0].reshape(-1)
         nxt = batch.get("next")
-        done = nxt.get("done").reshape(-1)
+        if "game_over" in nxt.keys():  # Atari: whole games with raw scores, not the (per-life) training episodes
+            done, returns, lengths = (nxt.get(k).reshape(-1) for k in ("game_over", "game_score", "game_length"))
+        else:
+            done, returns, lengths = (nxt.get(k).reshape(-1) for k in ("done", "episode_reward", "step_count"))
         versions = nxt.get("policy_version")  # the root key lags one step behind
-        return Rollout(frames=batch.numel(),
-                       returns=nxt.get("episode_reward").reshape(-1)[done].tolist(),
-                       lengths=nxt.get("step_count").reshape(-1)[done].float().tolist(),
+        return Rollout(frames=batch.numel(), returns=returns[done].float().tolist(),
+                       lengths=lengths[done].float().tolist(),
                        version_lo=int(versions.min()), version_hi=int(versions.max()),
                        reward_sum=float(nxt.get("reward").float().sum()),
                        actions=batch.get("action").reshape(batch.numel(), -1).float())

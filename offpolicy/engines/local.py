@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from offpolicy.algorithms import AlgoParts, make_learner
 from offpolicy.engines.base import Engine, Rollout, RolloutStats
+from offpolicy.envs import for_replay
 from offpolicy.replay import make_replay_buffer, replay_state, restore_replay, sample_shape
 
 
@@ -37,7 +38,7 @@ class LocalEngine(Engine):
         self._batches = iter(self.collector)
 
     def collect(self) -> Rollout:
-        batch = next(self._batches).reshape(-1)
+        batch = for_replay(next(self._batches))
         self.replay.extend(batch)
         self.stats(batch)
         return self.stats.drain()

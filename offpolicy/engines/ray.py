@@ -30,7 +30,7 @@ from tensordict import TensorDict
 
 from offpolicy.algorithms import AlgoParts, build_parts, make_learner
 from offpolicy.engines.base import Engine, LearnerLost, Rollout, RolloutStats
-from offpolicy.envs import make_train_env, obs_norm_state
+from offpolicy.envs import for_replay, make_train_env, obs_norm_state
 from offpolicy.invariants import InvariantError
 from shared import compat
 from shared.config import ConfigError
@@ -77,11 +77,6 @@ def start_ray(cfg: DictConfig) -> None:
 warnings.filterwarnings("ignore", message="RayCollector iteration started before weight synchronization")
 
 
-def flatten_rollout(rollout):
-    """``[num_envs, T] -> [num_envs * T]``: replay stores single transitions (run in each collector actor)."""
-    return rollout.reshape(-1)
-
-
 def _collector_env(cfg: DictConfig, index: int, obs_norm: dict | None):
     """Collector ``index``'s envs: the local training env with seeds apart from every other collector's."""
     cfg = OmegaConf.merge(cfg, {"seed": cfg.seed + 1000 * index})
@@ -100,7 +95,7 @@ def make_collector(cfg: DictConfig, policy, replay, obs_norm: dict | None):
     if cfg.ray.collector_gpus:
         remote["num_gpus"] = cfg.ray.collector_gpus
     kwargs = {"track_policy_version": PolicyVersion(), "auto_register_policy_transforms": False,
-              "postproc": flatten_rollout, "post_collect_hook": RolloutStats()}
+              "postproc": for_replay, "post_collect_hook": RolloutStats()}
     return RayCollector(
         [partial(_collector_env, cfg, i, obs_norm) for i in range(cfg.ray.num_collectors)], policy,
         frames_per_batch=cfg.collector.frames_per_batch,
