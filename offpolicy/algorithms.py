@@ -37,6 +37,7 @@ class AlgoParts:
     critic_only_method: str | None = None  # TD3: the critic loss alone, for steps where the actor is not due
     critic_loss_key: str = "loss_qvalue"
     targets_follow: str | None = None  # TD3: targets move only on steps that updated this optimiser's network
+    td_error_squared: bool = True  # torchrl's DQN, DDPG and TD3 losses write (delta)^2 as "td_error", SAC |delta|
     exploration_value: Callable[[], float] = lambda: 0.0  # current epsilon / sigma / alpha, for train/ metrics
     discrete: bool = False
 
@@ -63,7 +64,8 @@ def make_learner(cfg: DictConfig, parts: AlgoParts, action_spec, *, sample_shape
     replay one batch per call, as priorities change after every step)."""
     return Learner(parts.loss, parts.groups, parts.target_updater, sample_shape=sample_shape,
                    critic_only_method=parts.critic_only_method, critic_loss_key=parts.critic_loss_key,
-                   targets_follow=parts.targets_follow,
+                   targets_follow=parts.targets_follow, prioritized=cfg.replay.prioritized,
+                   td_error_squared=parts.td_error_squared,
                    chunk=1 if cfg.replay.prioritized or cfg.replay.slice_len else chunk,
                    check_every=cfg.invariants.check_every, action_bounds=parts.action_bounds(action_spec),
                    grad_sync=grad_sync, device=device)
@@ -83,8 +85,12 @@ def make_loss(cfg: DictConfig, actor, critic, action_spec):
                        fixed_alpha=cfg.sac.fixed_alpha, target_entropy=target_entropy, action_spec=action_spec,
                        deactivate_vmap=DEACTIVATE_VMAP)
     elif cfg.algo == "td3":
-        loss = TD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2, policy_noise=cfg.td3.target_noise,
-                       noise_clip=cfg.td3.noise_clip, loss_function=fn, deactivate_vmap=DEACTIVATE_VMAP)
+        # target smoothing in units of the action range, as the TD3 paper (0.2 and 0.5 x max_action) and as the
+        # exploration noise here; torchrl's policy_noise is absolute
+        half_range = float(((action_spec.space.high - action_spec.space.low) / 2).mean())
+        loss = TD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2,
+                       policy_noise=cfg.td3.target_noise * half_range, noise_clip=cfg.td3.noise_clip * half_range,
+                       loss_function=fn, deactivate_vmap=DEACTIVATE_VMAP)
     else:
         loss = DDPGLoss(actor, critic, loss_function=fn, delay_actor=True, delay_value=True)
     estimator = {"td0": ValueEstimators.TD0, "td1": ValueEstimators.TD1, "tdlambda": ValueEstimators.TDLambda}
@@ -249,7 +255,7 @@ def _sac(cfg, env) -> AlgoParts:
                                  ("loss_alpha",)))
     return AlgoParts(
         collect_policy=actor, eval_policy=actor, exploration=None, loss=loss, groups=groups,
-        target_updater=make_target_updater(cfg, loss),
+        target_updater=make_target_updater(cfg, loss), td_error_squared=False,
         exploration_value=lambda: float(loss.log_alpha.detach().exp()),
     )
 

@@ -23,6 +23,11 @@ from offpolicy.updates import OptimGroup, TargetUpdate
 SAMPLE_CHUNK = 32
 
 
+def abs_td_error(td_error: torch.Tensor, *, squared: bool) -> torch.Tensor:
+    """``|delta|`` from what a torchrl loss wrote as ``"td_error"`` (``delta^2`` when ``squared``)."""
+    return td_error.sqrt() if squared else td_error.abs()
+
+
 class Learner:
     """Runs optimiser steps of one algorithm's torchrl loss over its :class:`OptimGroup` optimisers.
 
@@ -33,6 +38,7 @@ class Learner:
     def __init__(self, loss, groups: list[OptimGroup], target_updater: TargetUpdate, *,
                  sample_shape: tuple[int, ...], critic_only_method: str | None = None,
                  critic_loss_key: str = "loss_qvalue", targets_follow: str | None = None,
+                 prioritized: bool = False, td_error_squared: bool = True,
                  chunk: int = SAMPLE_CHUNK, check_every: int = 1, device: torch.device | None = None,
                  action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None, grad_sync=None):
         self.loss = loss
@@ -42,6 +48,7 @@ class Learner:
         self.critic_only_method = critic_only_method
         self.critic_loss_key = critic_loss_key
         self.targets_follow = targets_follow
+        self.prioritized, self.td_error_squared = prioritized, td_error_squared
         self.chunk = chunk  # batches per replay call (1 for prioritized and sliced replay)
         self.device = device  # where the loss lives (a GPU learner rank); replay stays on the CPU
         self.check_every = check_every
@@ -66,8 +73,8 @@ class Learner:
                 sums[key].append(value)
             if self.targets_follow is None or self.is_due(self.targets_follow):
                 self.target_updater.step()
-            if "td_error" in sample.keys() and hasattr(replay, "update_tensordict_priority"):
-                replay.update_tensordict_priority(sample.reshape(-1))  # sliced batches are [n, slice_len]
+            if self.prioritized:
+                self.write_priorities(replay, sample)
         out = {f"loss/{k}": float(torch.stack(v).mean()) for k, v in sums.items()}
         low, high = self.action_bounds if self.action_bounds is not None else (None, None)
         out.update({f"replay/{k}": v for k, v in action_stats(sample["action"].cpu(), low, high).items()})
@@ -85,6 +92,12 @@ class Learner:
             for sample in (drawn.split(batch) if k > 1 else (drawn,)):
                 yield sample.reshape(self.sample_shape) if len(self.sample_shape) > 1 else sample
             done += k
+
+    def write_priorities(self, replay, sample: TensorDictBase) -> None:
+        """Give the sampled transitions the priority ``|delta|`` (the sampler makes it ``(|delta| + eps)^alpha``,
+        Schaul et al. 2016), the same for every algorithm: torchrl's DQN, DDPG and TD3 losses write ``delta^2``."""
+        sample.set("td_error", abs_td_error(sample.get("td_error"), squared=self.td_error_squared))
+        replay.update_tensordict_priority(sample.reshape(-1))  # sliced batches are [n, slice_len]
 
     def check(self, sample: TensorDictBase, version: int) -> None:
         """The sampled-batch invariants: configured shape, the keys the losses read, no transition from a newer

@@ -126,3 +126,42 @@ def test_soft_update_moves_tau_of_the_way():
     updater.step()
     expected = 0.9 * old_target + 0.1 * _flat(loss.qvalue_network_params)
     assert torch.allclose(_flat(loss.target_qvalue_network_params), expected, atol=1e-6)
+
+
+def test_td3_target_smoothing_noise_is_scaled_to_the_action_range():
+    """Humanoid-v5's actions span [-0.4, 0.4]: sigma 0.2 clipped at 0.5 means 0.08 clipped at 0.2 (TD3 paper), not
+    0.2 clipped at 0.5 in absolute units (half the range)."""
+    cfg, _ = compose_config(["algo=td3", "env=Humanoid-v5", "profile=smoke"])
+    env = make_train_env(cfg)
+    try:
+        loss = build_parts(cfg, env).loss
+    finally:
+        env.close()
+    assert loss.policy_noise == pytest.approx(0.08) and loss.noise_clip == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("algo", ["dqn", "sac", "ddpg", "td3"])
+def test_priorities_are_abs_td_error_for_every_algorithm(algo):
+    """With every Q network zero (and SAC's temperature ~0), the TD error of a transition is its reward: each
+    algorithm must give it the priority (|r| + eps)^alpha (Schaul et al.), not r^2 (torchrl's DQN, DDPG and TD3
+    losses write the squared error)."""
+    from offpolicy.replay import make_replay_buffer
+
+    sac = ["sac.alpha_init=1e-9", "sac.fixed_alpha=true"] if algo == "sac" else []
+    cfg, parts, batch = _parts(algo, "replay.prioritized=true", "replay.alpha=0.5", *sac)
+    networks = "value_network" if algo in ("dqn", "ddpg") else "qvalue_network"
+    for params in (getattr(parts.loss, f"{networks}_params"), getattr(parts.loss, f"target_{networks}_params")):
+        for p in params.flatten_keys().values():
+            p.data.zero_()
+    learner = _learner(cfg, parts)
+    replay = make_replay_buffer(cfg)
+    batch["next", "reward"] = torch.linspace(0.5, 3.0, batch.numel()).reshape(batch["next", "reward"].shape)
+    batch["next", "terminated"].zero_()
+    batch["next", "done"].zero_()
+    replay.extend(batch)
+    sample = replay.sample(cfg.optim.batch_size)
+    learner.step(sample)
+    learner.write_priorities(replay, sample)
+    sum_tree, _ = replay.sampler.trees()
+    reward = sample["next", "reward"].reshape(-1).double()
+    assert torch.allclose(sum_tree.values[sample["index"]], (reward + 1e-8) ** 0.5, rtol=1e-4)
