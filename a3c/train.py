@@ -23,7 +23,7 @@ from a3c.evaluate import build_model
 from a3c.optim import make_shared_optimizer
 from a3c.stats import SharedStats
 from a3c.supervisor import WorkerFailure, WorkerPool
-from shared.checkpoint import load_checkpoint, save_checkpoint
+from shared.checkpoint import load_checkpoint, resumed_seed, save_checkpoint
 from shared.config import make_run_dir, parse_overrides, run_cli
 from shared.envs import AtariBatch, AtariSettings
 from shared.plots import plot_curves
@@ -83,8 +83,9 @@ def main(argv: list[str]) -> int:
     print(f"a3c: {cfg.env.name}, {cfg.workers} workers x {cfg.env.envs_per_worker} envs, {cfg.model.arch} model, "
           f"{stats.frames:,}/{cfg.total_frames:,} frames; run dir {run_dir}", flush=True)
 
-    pool = WorkerPool(mp.get_context("spawn"), OmegaConf.to_container(cfg, resolve=True), model, optimizer,
-                      num_actions, stats)
+    # a resumed run's workers (and their evaluations) play new games, not the first run's again
+    workers_cfg = {**OmegaConf.to_container(cfg, resolve=True), "seed": resumed_seed(cfg.seed, stats.frames)}
+    pool = WorkerPool(mp.get_context("spawn"), workers_cfg, model, optimizer, num_actions, stats)
     stop = StopRequest()
     start_time, start_frames = time.monotonic(), stats.frames
     last_ckpt = start_time

@@ -32,20 +32,20 @@ def _pixels(cfg: DictConfig) -> dict:
     return {"from_pixels": cfg.env.from_pixels, "image_size": cfg.env.image_size}
 
 
-def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None):
+def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: int | None = None):
     """The training env: ``cfg.env.num_envs`` copies stepped together (in this process or one process each,
-    ``env.vector``), seeded with ``cfg.seed``; with ``env.obs_norm`` observations are standardised with statistics
+    ``env.vector``), seeded with ``seed`` (default ``cfg.seed``; a resumed run passes a new one); with ``env.obs_norm`` observations are standardised with statistics
     from ``obs_norm_state`` (a resumed run's) or from ``env.obs_norm_init_steps`` random-action steps."""
     from torchrl.envs import Compose, InitTracker, ParallelEnv, SerialEnv, StepCounter, TransformedEnv
 
     n = cfg.env.num_envs
+    seed = cfg.seed if seed is None else seed
     if is_atari(cfg) or n == 1:  # AtariVectorEnv batches its games itself
-        base = make_env(cfg.env.name, seed=cfg.seed, num_envs=n, atari=_atari_settings(cfg), train=True,
-                        **_pixels(cfg))
+        base = make_env(cfg.env.name, seed=seed, num_envs=n, atari=_atari_settings(cfg), train=True, **_pixels(cfg))
     else:
         batched = ParallelEnv if cfg.env.vector == "process" else SerialEnv
-        base = batched(n, partial(make_env, cfg.env.name, seed=cfg.seed, train=True, **_pixels(cfg)))
-        base.set_seed(cfg.seed)  # copy i gets seed + i
+        base = batched(n, partial(make_env, cfg.env.name, seed=seed, train=True, **_pixels(cfg)))
+        base.set_seed(seed)  # copy i gets seed + i
     # StepCounter: episode lengths for train/episode_length; InitTracker: Ornstein-Uhlenbeck noise resets on is_init
     env = base if isinstance(base, TransformedEnv) else TransformedEnv(base)  # nesting TransformedEnvs warns
     env.append_transform(Compose(StepCounter(), InitTracker()))

@@ -26,7 +26,7 @@ from offpolicy.loop import train_loop
 from offpolicy.metrics import RoundMetrics, SharedLogger
 from offpolicy.report import Progress
 from shared import compat
-from shared.checkpoint import save_checkpoint
+from shared.checkpoint import resumed_seed, save_checkpoint
 from shared.config import help_text, make_run_dir, run_cli
 from shared.logging import make_logger
 from shared.plots import plot_curves
@@ -100,13 +100,14 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
     """Run one training job described by ``cfg``; returns the summary (also written to ``summary.json``)."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    env = make_train_env(cfg, checkpoint["obs_norm"] if checkpoint is not None else None)
+    progress = Progress.from_state(checkpoint["counters"] if checkpoint is not None else None)
+    seed = resumed_seed(cfg.seed, progress.frames)  # a resumed run plays new episodes, not the first run's again
+    env = make_train_env(cfg, checkpoint["obs_norm"] if checkpoint is not None else None, seed=seed)
     check_action_space(cfg, env)
     run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{_env_tag(cfg.env.name)}")
     parts = build_parts(cfg, env)
     norm = obs_norm_state(env)
-    progress = Progress.from_state(checkpoint["counters"] if checkpoint is not None else None)
-    engine = make_engine(cfg, env, parts, run_dir)  # the one place where local or Ray is chosen
+    engine = make_engine(cfg, env, parts, run_dir, seed)  # the one place where local or Ray is chosen
     try:
         if checkpoint is not None:
             if parts.exploration is not None:

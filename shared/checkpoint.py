@@ -29,6 +29,16 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
+def resumed_seed(seed: int, frames: int) -> int:
+    """The env seed of a run (re)started at ``frames``: ``seed`` itself for a new run, and for a resumed one a seed
+    derived from both, so the resumed run does not replay the first run's no-op starts and episodes."""
+    if frames == 0:
+        return seed
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, frames]).generate_state(1)[0] % 2**31)
+
+
 def load_checkpoint(path: str | Path, *, key: str = "resume", required: tuple[str, ...] = (),
                     written_by: str = "this entry point") -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True`` (tensors, containers and plain Python values only).

@@ -118,6 +118,8 @@ def test_ray_dqn_killed_collector_then_resume(tmp_path):
     ckpt = load_checkpoint(failed["checkpoint"])
     assert ckpt["counters"]["collected_frames"] == failed["frames"]
     assert ckpt["learner"]["steps"] == failed["optim_steps"] > 0
+    # the hard target copies' phase (DQN: every 128 updates) is in the learner's state, so a resume keeps it
+    assert ckpt["learner"]["target_updates"] == failed["optim_steps"]
     assert not wait_no_ray()
 
     target = failed["frames"] + 800
@@ -128,7 +130,8 @@ def test_ray_dqn_killed_collector_then_resume(tmp_path):
     assert s["status"] == "completed" and s["frames"] == target and s["replay_writes"] == 800
     assert s["optim_steps"] == failed["optim_steps"] + 50 and s["policy_version"] == failed["policy_version"] + 2
     assert s["episodes"] > failed["episodes"] and math.isfinite(s["eval_return_last"])
-    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["learner"]["steps"] == s["optim_steps"]
+    learner = load_checkpoint(run_dir / "checkpoints" / "last.pt")["learner"]
+    assert learner["steps"] == learner["target_updates"] == s["optim_steps"]
     assert not wait_no_ray()
 
 

@@ -122,3 +122,15 @@ def test_ctrl_c_during_the_final_evaluation_still_writes_the_summary(tmp_path):
     s = summary(run_dir)
     assert s["status"] == "interrupted" and s["frames"] == 300  # training had finished (smoke: 300 frames)
     assert (run_dir / "checkpoints" / "last.pt").exists() and (run_dir / "curves.png").exists()
+
+
+def test_a_resumed_run_plays_new_episodes(tmp_path):
+    """The env seed of a resumed run is derived from the seed and the frame count: its first episode is not the
+    first run's first episode again (CartPole's reset state is the same for the same seed)."""
+    from shared.checkpoint import resumed_seed
+
+    assert resumed_seed(7, 0) == 7 and resumed_seed(7, 200) == resumed_seed(7, 200) != resumed_seed(7, 400) != 7
+    train_inprocess(*ARGS, "total_frames=200", "replay.in_checkpoint=true", f"run_dir={tmp_path}")
+    train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_frames=400")
+    observations = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["replay"]["_storage"]["_storage"]["observation"]
+    assert not torch.equal(observations[200], observations[0])  # the resumed segment's first reset is a new one

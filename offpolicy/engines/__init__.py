@@ -9,13 +9,13 @@ from omegaconf import DictConfig
 from offpolicy.engines.base import Engine
 
 
-def make_engine(cfg: DictConfig, env, parts, run_dir: Path) -> Engine:
-    """The engine ``cfg.engine`` names, built around ``parts`` (offpolicy/algorithms.py) and the training env's
-    specs."""
+def make_engine(cfg: DictConfig, env, parts, run_dir: Path, seed: int) -> Engine:
+    """The engine ``cfg.engine`` names, built around ``parts`` (offpolicy/algorithms.py) and the training env (the
+    local collector's env; Ray collectors build their own from the config, seeded from ``seed``)."""
     if cfg.engine == "ray":
         from offpolicy.engines.ray import RayEngine
 
-        return RayEngine(cfg, env, parts)
+        return RayEngine(cfg, env, parts, seed)
     from offpolicy.engines.local import LocalEngine
 
     return LocalEngine(cfg, env, parts, run_dir)

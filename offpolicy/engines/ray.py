@@ -77,13 +77,12 @@ def start_ray(cfg: DictConfig) -> None:
 warnings.filterwarnings("ignore", message="RayCollector iteration started before weight synchronization")
 
 
-def _collector_env(cfg: DictConfig, index: int, obs_norm: dict | None):
+def _collector_env(cfg: DictConfig, index: int, obs_norm: dict | None, seed: int):
     """Collector ``index``'s envs: the local training env with seeds apart from every other collector's."""
-    cfg = OmegaConf.merge(cfg, {"seed": cfg.seed + 1000 * index})
-    return make_train_env(cfg, obs_norm)
+    return make_train_env(cfg, obs_norm, seed=seed + 1000 * index)
 
 
-def make_collector(cfg: DictConfig, policy, replay, obs_norm: dict | None):
+def make_collector(cfg: DictConfig, policy, replay, obs_norm: dict | None, seed: int):
     """``ray.num_collectors`` collector actors that each run ``policy`` (stochastic) on ``env.num_envs`` envs and
     write flattened rollouts into ``replay``; one round collects ``collector.frames_per_batch`` in all."""
     from torchrl.collectors import Collector
@@ -97,7 +96,7 @@ def make_collector(cfg: DictConfig, policy, replay, obs_norm: dict | None):
     kwargs = {"track_policy_version": PolicyVersion(), "auto_register_policy_transforms": False,
               "postproc": for_replay, "post_collect_hook": RolloutStats()}
     return RayCollector(
-        [partial(_collector_env, cfg, i, obs_norm) for i in range(cfg.ray.num_collectors)], policy,
+        [partial(_collector_env, cfg, i, obs_norm, seed) for i in range(cfg.ray.num_collectors)], policy,
         frames_per_batch=cfg.collector.frames_per_batch,
         # torchrl 0.14.1: total_frames=-1 stops after one round; the loop stops the run at total_frames
         total_frames=2**62, collector_class=Collector, collector_kwargs=kwargs, remote_configs=remote,
@@ -201,7 +200,7 @@ class RayEngine(Engine):
     """Collector actors, a replay actor and learner ranks on Ray; the driver keeps the collection policy (and its
     exploration state) and the evaluation policy, refreshed from rank 0 after every round."""
 
-    def __init__(self, cfg: DictConfig, env, parts: AlgoParts):
+    def __init__(self, cfg: DictConfig, env, parts: AlgoParts, seed: int):
         import ray
 
         start_ray(cfg)
@@ -211,7 +210,7 @@ class RayEngine(Engine):
         self.ranks = []
         try:
             self.replay = make_replay_buffer(cfg)
-            self.collector = make_collector(cfg, parts.collect_policy, self.replay, obs_norm_state(env))
+            self.collector = make_collector(cfg, parts.collect_policy, self.replay, obs_norm_state(env), seed)
             rank_cls = ray.remote(num_cpus=cfg.ray.learner_cpus, num_gpus=cfg.ray.learner_gpus)(LearnerRank)
             config = OmegaConf.to_container(cfg, resolve=True)
             self.ranks = [rank_cls.remote(config, Specs(env), self.replay.client(), rank, cfg.ray.world_size)
