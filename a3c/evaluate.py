@@ -57,8 +57,9 @@ def greedy_episodes(model: AtariActorCritic, settings: AtariSettings, episodes: 
             if video_path is not None and scores[0] is None:
                 frames.append(_video_frame(obs[0], settings.grayscale))
             logits, _ = model(torch.from_numpy(obs))
-            obs, _, _, ended = env.step(logits.argmax(-1).numpy())
-            for index, score, _ in ended:
+            step = env.step(logits.argmax(-1).numpy())
+            obs = step.obs
+            for index, score, _ in step.finished:
                 if scores[index] is None:
                     scores[index] = score
     finally:

@@ -22,32 +22,43 @@ class Rollout:
 
         The batch holds ``observation`` (uint8), ``action``, ``state_value`` and, under ``next``, the training
         ``reward`` / ``done`` / ``terminated`` and the bootstrap ``state_value``: the values come from the acting
-        forward passes, so GAE needs no second pass over the data.
+        forward passes, so GAE needs no second pass over the data. A game cut at the frame cap is done but not
+        terminated: its bootstrap value is that of its last observation, not of the next game's first.
         """
         envs, steps = self.env.num_envs, self.t_max
         obs = torch.empty((envs, steps, *self.obs.shape[1:]), dtype=torch.uint8)
         actions = torch.empty((envs, steps), dtype=torch.int64)
         rewards = torch.empty((envs, steps, 1))
         dones = torch.empty((envs, steps, 1), dtype=torch.bool)
+        terminated = torch.empty((envs, steps, 1), dtype=torch.bool)
         values = torch.empty((envs, steps + 1, 1))
+        capped: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, envs, their value at the cap)
         finished: list[tuple[int, float, int]] = []
         for t in range(steps):
             obs[:, t] = self.obs
             logits, values[:, t] = model(self.obs)
             action = torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
-            next_obs, reward, done, ended = self.env.step(action.numpy())
+            step = self.env.step(action.numpy())
             actions[:, t] = action
-            rewards[:, t, 0] = torch.from_numpy(reward)
-            dones[:, t, 0] = torch.from_numpy(done)
-            finished += ended
-            self.obs = torch.from_numpy(next_obs)
+            rewards[:, t, 0] = torch.from_numpy(step.reward)
+            dones[:, t, 0] = torch.from_numpy(step.done)
+            terminated[:, t, 0] = torch.from_numpy(step.terminated)
+            if step.final_obs is not None:
+                cut = torch.from_numpy(step.done & ~step.terminated).nonzero().squeeze(-1)
+                if len(cut):
+                    capped.append((t, cut, model(torch.from_numpy(step.final_obs[cut.numpy()]))[1]))
+            finished += step.finished
+            self.obs = torch.from_numpy(step.obs)
         values[:, steps] = model(self.obs)[1]
+        next_values = values[:, 1:].clone()
+        for t, cut, value in capped:
+            next_values[cut, t] = value
         batch = TensorDict(
             {
                 "observation": obs,
                 "action": actions,
                 "state_value": values[:, :steps],
-                "next": {"reward": rewards, "done": dones, "terminated": dones, "state_value": values[:, 1:]},
+                "next": {"reward": rewards, "done": dones, "terminated": terminated, "state_value": next_values},
             },
             batch_size=[envs, steps],
         )

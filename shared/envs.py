@@ -198,14 +198,25 @@ class AtariSignals:
             self.closed = True
 
 
-class AtariBatch:
-    """``num_envs`` Atari games stepped together (A3C's env); observations are uint8 ``[E, C, H, W]``.
+@dataclass
+class AtariStep:
+    """One step of an :class:`AtariBatch`: the next observations (for a finished game already the next game's first)
+    and the training signal: clipped ``reward``; ``done`` where a training episode ended (game over, frame cap or,
+    with episodic life, a lost life); ``terminated`` where it ended for real (not at the frame cap, where the value
+    must be bootstrapped from ``final_obs``, the capped game's last observation); and the whole games that ended, as
+    ``(env_index, score, agent_steps)``."""
 
-    ``step`` returns the training signal (clipped reward, done on a lost life when ``episodic_life``, see
-    :class:`AtariSignals`) and the list of whole games that ended, as ``(env_index, score, agent_steps)``. Truncated
-    games count as done; with same-step autoreset the observation returned for a finished game is already the first
-    one of the next game.
-    """
+    obs: np.ndarray
+    reward: np.ndarray
+    done: np.ndarray
+    terminated: np.ndarray
+    final_obs: np.ndarray
+    finished: list[tuple[int, float, int]]
+
+
+class AtariBatch:
+    """``num_envs`` Atari games stepped together (A3C's env); observations are uint8 ``[E, C, H, W]``; ``step``
+    returns an :class:`AtariStep` (the training signal of :class:`AtariSignals`)."""
 
     def __init__(self, settings: AtariSettings, num_envs: int, seed: int, num_threads: int = 1):
         self.settings = settings
@@ -224,11 +235,13 @@ class AtariBatch:
         obs, _ = self._env.reset(seed=self.seed)
         return self._format(obs)
 
-    def step(self, actions: np.ndarray):
+    def step(self, actions: np.ndarray) -> AtariStep:
         obs, reward, terminated, truncated, info = self._env.step(actions)
         finished = [(int(i), float(info["game_score"][i]), int(info["game_length"][i]))
                     for i in np.flatnonzero(info["game_over"])]
-        return self._format(obs), reward, terminated | truncated | info["life_lost"], finished
+        terminated = (terminated & ~truncated) | info["life_lost"]
+        final_obs = self._format(info["final_obs"]) if truncated.any() else None
+        return AtariStep(self._format(obs), reward, terminated | truncated, terminated, final_obs, finished)
 
     def close(self) -> None:
         self._env.close()

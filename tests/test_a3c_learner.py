@@ -78,3 +78,31 @@ def test_zero_entropy_coefficient_updates_without_an_entropy_term():
     metrics = learner.update(fake_rollout(3))
     assert "loss/entropy" not in metrics and {"loss/objective", "loss/critic"} <= set(metrics)
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.global_model.parameters()))
+
+
+def test_a_game_cut_at_the_frame_cap_bootstraps_from_its_last_observation():
+    """ALE ends a game at max_episode_frames (truncation): the rollout marks it done but not terminated, and its
+    bootstrap value is V(its last observation) (ALE's final_obs), not V(the next game's first observation)."""
+    from a3c.rollout import Rollout
+    from shared.envs import AtariBatch, AtariSettings
+
+    torch.manual_seed(0)
+    settings = AtariSettings(name="Pong", max_episode_frames=200, image_size=36, frame_stack=2)  # 50 agent steps
+    env = AtariBatch(settings, num_envs=2, seed=0)
+    model = AtariActorCritic(num_actions=env.num_actions, in_channels=2, image_size=36, arch="small")
+    try:
+        batch, finished = Rollout(env, t_max=60).collect(model)
+    finally:
+        env.close()
+    done, terminated = batch["next", "done"][..., 0], batch["next", "terminated"][..., 0]
+    cut = done & ~terminated
+    assert cut.sum() == 2 and len(finished) == 2  # both games capped (Pong lasts far longer than 50 steps)
+    env_index, t = cut.nonzero()[0].tolist()
+    with torch.no_grad():
+        reset_value = model(batch["observation"][env_index, t + 1].unsqueeze(0))[1]
+    assert not torch.allclose(batch["next", "state_value"][env_index, t], reset_value)  # not the next game's start
+    learner = _learner()
+    learner.gae(batch)  # GAE bootstraps there: the advantage uses the capped game's own value
+    r, v_next, v = (batch["next", "reward"][env_index, t, 0], batch["next", "state_value"][env_index, t, 0],
+                    batch["state_value"][env_index, t, 0])
+    torch.testing.assert_close(batch["advantage"][env_index, t, 0], r + 0.9 * v_next - v)

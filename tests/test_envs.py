@@ -23,8 +23,8 @@ def test_standard_stack_shapes_and_dtype():
     env = AtariBatch(AtariSettings(name="Pong"), num_envs=3, seed=0)
     obs = env.reset()
     assert obs.shape == (3, 4, 84, 84) and obs.dtype == np.uint8 and env.num_actions == 6
-    obs, reward, done, finished = env.step(np.zeros(3, dtype=np.int64))
-    assert obs.shape == (3, 4, 84, 84) and reward.dtype == np.float32 and done.dtype == bool
+    step = env.step(np.zeros(3, dtype=np.int64))
+    assert step.obs.shape == (3, 4, 84, 84) and step.reward.dtype == np.float32 and step.done.dtype == bool
     env.close()
 
 
@@ -41,10 +41,10 @@ def _play(settings, steps, seed=0):
     rng = np.random.default_rng(seed)
     rewards, dones, finished = [], [], []
     for _ in range(steps):
-        _, reward, done, ended = env.step(rng.integers(0, env.num_actions, 2))
-        rewards.append(reward)
-        dones.append(done)
-        finished += ended
+        step = env.step(rng.integers(0, env.num_actions, 2))
+        rewards.append(step.reward)
+        dones.append(step.done)
+        finished += step.finished
     env.close()
     return np.array(rewards), np.array(dones), finished
 
