@@ -3,9 +3,11 @@
 return reaches the target, with the median and range over the seeds. Prints JSON lines and keeps summaries and
 curves under benchmarks/results/offpolicy_learning/.
 
-    nice -n 5 python benchmarks/offpolicy_learning.py [case ...] [seeds=0,1,2] [jobs=1]
+    nice -n 5 python benchmarks/offpolicy_learning.py [case ...] [seeds=0,1,2] [jobs=1] [rerun=false]
 
 ``jobs=2`` runs two trainings at a time (one per core): frame counts and returns do not depend on it, wall times do.
+A (case, seed) whose result file exists is not run again unless ``rerun=true``; the medians cover every requested
+seed's result file.
 """
 from __future__ import annotations
 
@@ -79,24 +81,27 @@ def _emit(line: dict) -> None:
 
 def main(argv: list[str]) -> None:
     names = [a for a in argv if "=" not in a] or ["dqn-cartpole", "sac-pendulum", "td3-pendulum", "ddpg-pendulum"]
-    options = dict(a.split("=", 1) for a in argv if "=" in a and a.split("=", 1)[0] in ("seeds", "jobs"))
-    extra = [a for a in argv if "=" in a and a.split("=", 1)[0] not in ("seeds", "jobs")]
+    own = ("seeds", "jobs", "rerun")
+    options = dict(a.split("=", 1) for a in argv if "=" in a and a.split("=", 1)[0] in own)
+    extra = [a for a in argv if "=" in a and a.split("=", 1)[0] not in own]
     seeds = [int(x) for x in options.get("seeds", "0").split(",")]
     jobs = int(options.get("jobs", 1))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    queue = [(name, seed) for name in names for seed in seeds]
-    running, results = [], {name: [] for name in names}
+    rerun = options.get("rerun", "false") == "true"
+    queue = [(name, seed) for name in names for seed in seeds
+             if rerun or not (RESULTS / f"{name}-seed{seed}.json").exists()]
+    running = []
     while queue or running:
         while queue and len(running) < jobs:
             name, seed = queue.pop(0)
             running.append((name, seed, *start_case(name, seed, extra)))
         name, seed, proc, run_dir, started = running.pop(0)
         r = finish_case(name, seed, proc, run_dir, started)
-        results[name].append(r)
         for metric, unit in (("reached_at_frames", "frames"), ("best_eval_return", "return"), ("wall_s", "s")):
             _emit({"bench": f"offpolicy_learning/{name}", "seed": seed, "metric": metric, "value": r[metric],
                    "unit": unit})
-    for name, runs in results.items():
+    for name in names:
+        runs = [json.loads((RESULTS / f"{name}-seed{seed}.json").read_text()) for seed in seeds]
         reached = sorted(r["reached_at_frames"] if r["reached_at_frames"] is not None else float("inf") for r in runs)
         _emit({"bench": f"offpolicy_learning/{name}", "metric": "reached_at_frames_median",
                "value": statistics.median(reached), "range": [reached[0], reached[-1]], "unit": "frames",
