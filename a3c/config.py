@@ -4,7 +4,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, compose, help_text, parse_overrides
-from shared.envs import check_atari_name
+from shared.atari import check_atari_name
 from shared.logging import BACKENDS
 from shared.models import AtariTrunk
 

@@ -13,10 +13,11 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from a3c.process import process_setup
 from shared.checkpoint import load_checkpoint
 from shared.config import (CONFIG_ROOT, ConfigError, Rule, compose, ensure_writable_dir, help_text, parse_overrides,
                            run_cli)
-from shared.envs import AtariBatch, AtariSettings
+from shared.atari import AtariBatch, AtariSettings
 from shared.evaluation import return_stats, write_video
 from shared.models import AtariActorCritic
 
@@ -74,8 +75,6 @@ def evaluator_main(cfg_dict: dict, global_model: AtariActorCritic, num_actions: 
 
     It runs at a lower priority than the workers and only reads the shared weights, so training never waits on it.
     """
-    from a3c.worker import process_setup
-
     process_setup(nice=10)
     cfg = OmegaConf.create(cfg_dict)
     settings = eval_settings(cfg, cfg.eval.max_episode_frames)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from shared.envs import AtariBatch
+from shared.atari import AtariBatch
 from shared.models import AtariActorCritic
 
 

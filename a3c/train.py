@@ -25,7 +25,7 @@ from a3c.stats import SharedStats
 from a3c.supervisor import WorkerFailure, WorkerPool
 from shared.checkpoint import load_checkpoint, resumed_seed, save_checkpoint
 from shared.config import make_run_dir, parse_overrides, run_cli
-from shared.envs import AtariBatch, AtariSettings
+from shared.atari import AtariBatch, AtariSettings
 from shared.plots import plot_curves
 
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}

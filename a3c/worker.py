@@ -2,8 +2,6 @@
 optimizer, repeat. Worker 0 also owns the logger (created here, in its own process, never pickled)."""
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import numpy as np
@@ -11,22 +9,12 @@ import torch
 from omegaconf import OmegaConf
 
 from a3c.evaluate import build_model, eval_settings, greedy_episodes
+from a3c.process import process_setup
 from a3c.learner import A3CLearner
 from a3c.rollout import Rollout
 from a3c.stats import SharedStats
-from shared.envs import AtariBatch, AtariSettings
+from shared.atari import AtariBatch, AtariSettings
 from shared.logging import MetricLogger, make_logger
-
-
-def process_setup(nice: int = 0) -> None:
-    """Child-process setup: one torch thread (oversubscription is the classic A3C slowdown) and no Ctrl-C.
-
-    The terminal sends SIGINT to the whole process group; the main process alone handles it and stops the children
-    through the stop event, so that it can still write the final checkpoint."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(1)
-    if nice:
-        os.nice(nice)
 
 
 class Reporter:

@@ -36,7 +36,7 @@ def emit(metric: str, value: float, unit: str, **extra) -> None:
 def _env_only(cfg_dict: dict, seconds: float, rank: int) -> float:
     from omegaconf import OmegaConf
 
-    from shared.envs import AtariBatch, AtariSettings
+    from shared.atari import AtariBatch, AtariSettings
 
     torch.set_num_threads(1)
     cfg = OmegaConf.create(cfg_dict)

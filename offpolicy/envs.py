@@ -6,13 +6,14 @@ from functools import partial
 
 from omegaconf import DictConfig
 
-from shared import envs as shared_envs
-from shared.envs import AtariSettings, make_env
+from shared import atari
+from shared.atari import AtariSettings
+from shared.envs import make_env
 
 
 def is_atari(cfg: DictConfig) -> bool:
     """Whether the run's env is an ALE game (any spelling: ``Pong``, ``ALE/Pong-v5``, ``PongNoFrameskip-v4``)."""
-    return shared_envs.is_atari(cfg.env.name)
+    return atari.is_atari(cfg.env.name)
 
 
 def eval_max_steps(cfg: DictConfig) -> int:

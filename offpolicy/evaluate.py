@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from shared.envs import render_frame
+from shared.rendering import render_frame
 from shared.evaluation import return_stats, write_video
 
 

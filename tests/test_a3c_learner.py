@@ -84,7 +84,7 @@ def test_a_game_cut_at_the_frame_cap_bootstraps_from_its_last_observation():
     """ALE ends a game at max_episode_frames (truncation): the rollout marks it done but not terminated, and its
     bootstrap value is V(its last observation) (ALE's final_obs), not V(the next game's first observation)."""
     from a3c.rollout import Rollout
-    from shared.envs import AtariBatch, AtariSettings
+    from shared.atari import AtariBatch, AtariSettings
 
     torch.manual_seed(0)
     settings = AtariSettings(name="Pong", max_episode_frames=200, image_size=36, frame_stack=2)  # 50 agent steps

@@ -67,7 +67,8 @@ def test_gym_env_of_reaches_the_gymnasium_env():
 
 def test_mujoco_context_is_made_current_before_rendering():
     os.environ.setdefault("MUJOCO_GL", "egl")
-    from shared.envs import make_env, render_frame
+    from shared.envs import make_env
+    from shared.rendering import render_frame
 
     env = make_env("Hopper-v5", render=True)
     try:

@@ -4,7 +4,7 @@ import torch
 import pytest
 
 from shared.config import ConfigError
-from shared.envs import AtariBatch, AtariSettings, atari_rom, check_atari_name
+from shared.atari import AtariBatch, AtariSettings, atari_rom, check_atari_name
 
 
 @pytest.mark.parametrize("name, rom", [("Pong", "pong"), ("ALE/Pong-v5", "pong"), ("PongNoFrameskip-v4", "pong"),
