@@ -2,7 +2,9 @@
 phase (after prefill), at UTD 1, batch 256 and 256x256 MLPs; SAC, TD3 and DDPG on HalfCheetah-v5, DQN on CartPole-v1
 (plus DQN at CleanRL's own setting, 1 update per 10 steps with batch 128, to compare with its 4,315 steps/s).
 
-    nice -n 5 python benchmarks/offpolicy_throughput.py [algo ...] [frames=N]
+    nice -n 5 python benchmarks/offpolicy_throughput.py [algo ...] [frames=N] [threads=2]
+
+``threads`` is the engine's torch threads (default 2: the whole machine, as the reference uses).
 
 Each case is a fresh ``python -m offpolicy.train`` run with evaluation off and metrics logged every batch; the figures
 are learning-phase frames (or updates) over the wall time of those batches (collection + learning), and over the
@@ -52,9 +54,10 @@ REFERENCE = {
 }
 
 
-def measure(name: str, frames: int) -> dict:
+def measure(name: str, frames: int, threads: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "offpolicy.train", *CASES[name], f"total_frames={frames}", f"run_dir={tmp}"]
+        cmd = [sys.executable, "-m", "offpolicy.train", *CASES[name], f"total_frames={frames}", f"threads={threads}",
+               f"run_dir={tmp}"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{name} failed: {proc.stderr[-2000:]}")
@@ -94,11 +97,12 @@ def measure_reference(name: str, steps: int) -> float:
 def main(argv: list[str]) -> None:
     names = [a for a in argv if "=" not in a] or list(CASES)
     frames = int(next((a.split("=", 1)[1] for a in argv if a.startswith("frames=")), 6000))
+    threads = int(next((a.split("=", 1)[1] for a in argv if a.startswith("threads=")), 2))
     out = ROOT / "benchmarks" / "results" / "offpolicy_throughput.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for name in names:
-        r = measure(name, frames)
+        r = measure(name, frames, threads)
         r["reference_env_steps_per_s"] = measure_reference(name, r["learning_frames"])
         r["ratio_to_reference"] = r["env_steps_per_s"] / r["reference_env_steps_per_s"]
         for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"),
@@ -110,7 +114,8 @@ def main(argv: list[str]) -> None:
                     "unit": unit}
             print(json.dumps(line), flush=True)
             with out.open("a") as f:
-                f.write(json.dumps({**line, "time": stamp, "frames": frames, "host": platform.node()}) + "\n")
+                f.write(json.dumps({**line, "time": stamp, "frames": frames, "threads": threads,
+                                    "host": platform.node()}) + "\n")
 
 
 if __name__ == "__main__":
