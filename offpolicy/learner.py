@@ -32,7 +32,8 @@ class Learner:
     """Runs optimiser steps of one algorithm's torchrl loss over its :class:`OptimGroup` optimisers.
 
     ``critic_only_method`` (TD3Loss.value_loss) is called on steps where only the critic is due, skipping the actor
-    loss's forward; with ``targets_follow`` the target networks move only on steps where that optimiser stepped. The losses detach what each term must not train, so one summed backward equals separate ones.
+    loss's forward; with ``targets_follow`` the target networks move only on steps where that optimiser stepped. The
+    losses detach what each term must not train, so one summed backward equals separate ones.
     """
 
     def __init__(self, loss, groups: list[OptimGroup], target_updater: TargetUpdate, *,

@@ -83,8 +83,8 @@ class RoundMetrics:
         if self.bar is not None:
             self.bar.update(r.frames)
             shown = {"return": self.last_return, "eval": self.last_eval()}
-            self.bar.set_postfix({k: v if isinstance(v, str) else f"{v:.1f}" for k, v in shown.items() if v is not None},
-                                 refresh=False)
+            shown = {k: v if isinstance(v, str) else f"{v:.1f}" for k, v in shown.items() if v is not None}
+            self.bar.set_postfix(shown, refresh=False)
         now = time.perf_counter()
         if now - self._last_log < self.interval_s:
             return

@@ -122,7 +122,8 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
               f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
               f"{cfg.collector.prefill_frames} frames; run dir {run_dir}"
               + (f"; resumed at {progress.frames} frames" if checkpoint is not None else ""), flush=True)
-        logger = SharedLogger(make_logger(cfg.logger.backend, run_dir, config=OmegaConf.to_container(cfg, resolve=True)))
+        config = OmegaConf.to_container(cfg, resolve=True)
+        logger = SharedLogger(make_logger(cfg.logger.backend, run_dir, config=config))
         evaluator = AsyncEvaluator(lambda render: make_eval_env(cfg, render=render, obs_norm=norm), parts.eval_policy,
                                    logger, episodes=cfg.eval.episodes, max_steps=eval_max_steps(cfg),
                                    video_dir=run_dir / "videos" if cfg.eval.video else None)

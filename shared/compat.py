@@ -35,7 +35,7 @@ def fast_from_any() -> None:
     TensorDictBase.from_any = classmethod(from_any)
 
 
-# --- torchrl: replay ---------------------------------------------------------------------------------------------------
+# --- torchrl: replay -------------------------------------------------------------------------------------------------
 # torchrl 0.14.1 keeps a storage's data under the state-dict key "_storage" and has no public way to reopen a
 # LazyMemmapStorage's files: a memmap checkpoint keeps only the length, cursor and sampler state, and resume maps the
 # files back in.

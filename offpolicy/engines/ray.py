@@ -49,7 +49,8 @@ def start_ray(cfg: DictConfig) -> None:
     try:
         import ray
     except ImportError:
-        raise ConfigError("engine=ray needs Ray; allowed: engine=local, or install it: pip install -e '.[ray]'") from None
+        raise ConfigError("engine=ray needs Ray; allowed: engine=local, or install it: "
+                          "pip install -e '.[ray]'") from None
 
     kwargs = {"include_dashboard": False, "log_to_driver": cfg.ray.log_to_driver, "configure_logging": False}
     if cfg.ray.address is None:
@@ -113,8 +114,9 @@ def make_replay_buffer(cfg: DictConfig):
     """The replay actor: a FIFO of ``replay.size`` transitions sampled uniformly, owned by Ray (0 CPUs reserved)."""
     from torchrl.data import LazyTensorStorage, RandomSampler, RayReplayBuffer, TensorDictReplayBuffer
 
-    return RayReplayBuffer(replay_buffer_cls=TensorDictReplayBuffer, storage=partial(LazyTensorStorage, cfg.replay.size),
-                           sampler=RandomSampler, remote_config={"num_cpus": 0}, ray_init_config={"address": "auto"})
+    return RayReplayBuffer(replay_buffer_cls=TensorDictReplayBuffer,
+                           storage=partial(LazyTensorStorage, cfg.replay.size), sampler=RandomSampler,
+                           remote_config={"num_cpus": 0}, ray_init_config={"address": "auto"})
 
 
 class Specs:
