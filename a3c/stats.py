@@ -1,12 +1,21 @@
 """Run statistics in shared memory, written by the workers and the evaluator, read by worker 0 (which logs) and by
 the main process (progress bar, checkpoints, summary).
 
-Every table has exactly one writer (a worker writes only its own row; the evaluator only the eval ring) and no lock:
-a worker killed with SIGKILL mid-write must not leave a lock held that would freeze the rest of the run.
+Every table has exactly one writer (a worker writes only its own row; the evaluator only the eval ring), and every
+row has a lock that its writer holds while it writes and a reader while it reads: the lock's release and acquire
+order the stores, so a reader that sees a new episode count also sees that episode's row, on any CPU (plain stores
+to shared memory are only ordered so on x86). A worker killed with SIGKILL while it holds its lock (a window of
+microseconds) must not freeze the run: waiting for a lock gives up after ``LOCK_TIMEOUT_S`` and goes on without it,
+as before there were locks.
 """
 from __future__ import annotations
 
+import contextlib
+import multiprocessing as mp
+
 import torch
+
+LOCK_TIMEOUT_S = 1.0
 
 FRAMES, UPDATES, EPISODES = range(3)
 
@@ -24,61 +33,96 @@ class SharedStats:
         self.evals_written = torch.zeros((), dtype=torch.int64).share_memory_()
         # (done flag, frames, mean return, std, episodes), written once by worker 0 at the end
         self.final_eval = torch.zeros(5, dtype=torch.float64).share_memory_()
+        ctx = mp.get_context("spawn")  # the workers' context: the locks travel to them with this object
+        self.locks = [ctx.Lock() for _ in range(workers)]  # one per worker row
+        self.eval_lock = ctx.Lock()  # the eval ring and the final evaluation
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _holding(lock):
+        got = lock.acquire(timeout=LOCK_TIMEOUT_S)  # False only if a killed process died holding it
+        try:
+            yield
+        finally:
+            if got:
+                lock.release()
 
     # --- writers (each called only by the owner of the row) -------------------------------------------------------
     def add_progress(self, rank: int, frames: int, updates: int) -> None:
-        self.counters[rank, FRAMES] += frames
-        self.counters[rank, UPDATES] += updates
+        with self._holding(self.locks[rank]):
+            self.counters[rank, FRAMES] += frames
+            self.counters[rank, UPDATES] += updates
 
     def add_episode(self, rank: int, score: float, length: int) -> None:
-        n = int(self.counters[rank, EPISODES])
-        ring = self.episodes[rank]
-        ring[n % len(ring)] = torch.tensor([score, length, float(self.frames)], dtype=torch.float64)
-        self.counters[rank, EPISODES] += 1  # after the row: a reader never sees a row before it is complete
+        row = torch.tensor([score, length, float(self.frames)], dtype=torch.float64)
+        with self._holding(self.locks[rank]):
+            n = int(self.counters[rank, EPISODES])
+            ring = self.episodes[rank]
+            ring[n % len(ring)] = row
+            self.counters[rank, EPISODES] += 1
 
     def add_eval(self, frames: int, mean: float, std: float, episodes: int) -> None:
-        n = int(self.evals_written)
-        self.evals[n % len(self.evals)] = torch.tensor([frames, mean, std, episodes], dtype=torch.float64)
-        self.evals_written += 1
+        with self._holding(self.eval_lock):
+            n = int(self.evals_written)
+            self.evals[n % len(self.evals)] = torch.tensor([frames, mean, std, episodes], dtype=torch.float64)
+            self.evals_written += 1
 
     def set_final_eval(self, frames: int, mean: float, std: float, episodes: int) -> None:
-        self.final_eval.copy_(torch.tensor([1.0, frames, mean, std, episodes], dtype=torch.float64))
+        with self._holding(self.eval_lock):
+            self.final_eval.copy_(torch.tensor([1.0, frames, mean, std, episodes], dtype=torch.float64))
 
     def restore(self, frames: int, updates: int, episodes: int) -> None:
         """Continue a resumed run's counters (call before any worker starts)."""
         self.resumed.copy_(torch.tensor([frames, updates, episodes]))
 
     # --- readers ----------------------------------------------------------------------------------------------------
+    def _rows(self) -> torch.Tensor:
+        """Every worker's counters, each row read under its lock."""
+        rows = []
+        for rank, lock in enumerate(self.locks):
+            with self._holding(lock):
+                rows.append(self.counters[rank].clone())
+        return torch.stack(rows)
+
     @property
     def frames(self) -> int:
-        return int(self.counters[:, FRAMES].sum() + self.resumed[FRAMES])
+        return int(self._rows()[:, FRAMES].sum() + self.resumed[FRAMES])
 
     def snapshot(self) -> dict[str, int]:
-        frames, updates, episodes = (self.counters.sum(0) + self.resumed).tolist()
-        return {"frames": frames, "updates": updates, "episodes": episodes, "evals": int(self.evals_written)}
+        frames, updates, episodes = (self._rows().sum(0) + self.resumed).tolist()
+        with self._holding(self.eval_lock):
+            evals = int(self.evals_written)
+        return {"frames": frames, "updates": updates, "episodes": episodes, "evals": evals}
 
     def episodes_since(self, seen: list[int]) -> list[tuple[int, float, float, float]]:
         """Episodes finished since ``seen`` (per-worker counts, updated in place) as ``(rank, score, length, frames)``."""
         rows = []
         for rank, ring in enumerate(self.episodes):
-            total = int(self.counters[rank, EPISODES])
-            for i in range(max(seen[rank], total - len(ring)), total):  # older than one lap of the ring: gone
-                score, length, frames = ring[i % len(ring)].tolist()
-                rows.append((rank, score, length, frames))
+            with self._holding(self.locks[rank]):
+                total = int(self.counters[rank, EPISODES])
+                for i in range(max(seen[rank], total - len(ring)), total):  # older than one lap of the ring: gone
+                    score, length, frames = ring[i % len(ring)].tolist()
+                    rows.append((rank, score, length, frames))
             seen[rank] = total
         return sorted(rows, key=lambda row: row[3])
 
     def evals_since(self, seen: int) -> tuple[list[tuple[float, float, float, float]], int]:
         """Evaluations recorded after the first ``seen`` ones as ``(frames, mean, std, episodes)``, and the count."""
-        total = int(self.evals_written)
-        first = max(seen, total - len(self.evals))
-        return [tuple(self.evals[i % len(self.evals)].tolist()) for i in range(first, total)], total
+        with self._holding(self.eval_lock):
+            total = int(self.evals_written)
+            first = max(seen, total - len(self.evals))
+            return [tuple(self.evals[i % len(self.evals)].tolist()) for i in range(first, total)], total
+
+    def episode_counts(self) -> list[int]:
+        """Episodes finished so far by each worker (the ``seen`` of :meth:`episodes_since`)."""
+        return [int(c) for c in self._rows()[:, EPISODES]]
 
     def recent_scores(self, n: int = 20) -> list[float]:
         """The scores of the last ``n`` episodes (by frame count) over all workers."""
-        seen = [max(0, int(c) - n) for c in self.counters[:, EPISODES]]
+        seen = [max(0, c - n) for c in self.episode_counts()]
         return [row[1] for row in self.episodes_since(seen)[-n:]]
 
     def final_evaluation(self) -> dict[str, float] | None:
-        done, frames, mean, std, episodes = self.final_eval.tolist()
+        with self._holding(self.eval_lock):
+            done, frames, mean, std, episodes = self.final_eval.tolist()
         return {"frames": frames, "return": mean, "return_std": std, "episodes": episodes} if done else None

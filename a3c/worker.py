@@ -22,7 +22,7 @@ class Reporter:
 
     def __init__(self, logger: MetricLogger, stats: SharedStats, frame_skip: int, interval_s: float):
         self.logger, self.stats, self.frame_skip, self.interval_s = logger, stats, frame_skip, interval_s
-        self.seen_episodes = [int(c) for c in stats.counters[:, 2]]
+        self.seen_episodes = stats.episode_counts()
         self.seen_evals = int(stats.evals_written)
         self.start = self.last_time = time.monotonic()
         self.last_frames = stats.frames

@@ -52,9 +52,17 @@ def test_smoke_run_trains_logs_from_worker_0_and_checkpoints(smoke_run):
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["counters"] == {k: summary[k] for k in ("frames", "updates", "episodes")}
     assert ckpt["config"]["workers"] == 2 and ckpt["num_actions"] == 6
-    steps_taken = {float(s["step"]) for s in ckpt["optimizer"]["state"].values()}
-    assert steps_taken == {float(summary["updates"])}
+    assert _hogwild_steps_match(ckpt, summary["updates"])
     assert not alive(pids.values())
+
+
+def _hogwild_steps_match(ckpt, updates: int, lost: int = 2) -> bool:
+    """The shared optimizer's per-parameter step counts against the exact update count (SharedStats, locked per
+    worker): equal, or short by at most ``lost``. Tolerant on purpose: the workers step the shared optimizer without a
+    lock (Hogwild, as in the A3C paper), so two workers' simultaneous ``step += 1`` on one shared counter can lose an
+    increment; a lock there would serialise every update of every worker."""
+    steps = [float(s["step"]) for s in ckpt["optimizer"]["state"].values()]
+    return all(updates - lost <= s <= updates for s in steps)
 
 
 def test_resume_continues_counters_and_optimizer_state(smoke_run, tmp_path):
@@ -68,7 +76,7 @@ def test_resume_continues_counters_and_optimizer_state(smoke_run, tmp_path):
     assert second["frames"] >= 2560 and second["updates"] > first["updates"]
     assert second["frames"] - first["frames"] < 2560  # continued, not restarted from zero
     ckpt = torch.load(resumed / "checkpoints" / "last.pt", weights_only=True)
-    assert {float(s["step"]) for s in ckpt["optimizer"]["state"].values()} == {float(second["updates"])}
+    assert _hogwild_steps_match(ckpt, second["updates"])
     assert ckpt["config"]["env"]["name"] == "Pong" and ckpt["config"]["profile"] == "smoke"
 
 

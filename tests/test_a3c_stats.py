@@ -1,0 +1,36 @@
+"""The shared run statistics: a reader sees an episode count only together with that episode's row (a lock per row
+orders the stores on any CPU), and a lock left held by a killed worker does not freeze the run."""
+from __future__ import annotations
+
+import threading
+import time
+
+from a3c import stats as stats_module
+from a3c.stats import SharedStats
+
+
+def test_a_writer_publishes_its_row_only_under_the_row_lock():
+    stats = SharedStats(workers=2, episode_capacity=8)
+    stats.add_episode(0, score=3.0, length=100)
+    done = threading.Event()
+    with stats.locks[1]:  # a reader (this test) holds worker 1's row
+        writer = threading.Thread(target=lambda: (stats.add_episode(1, score=5.0, length=7), done.set()))
+        writer.start()
+        time.sleep(0.2)
+        assert not done.is_set()  # the writer waits: no count without its row
+    writer.join(timeout=5)
+    assert done.is_set()
+    rows = stats.episodes_since([0, 0])
+    assert [(rank, score, length) for rank, score, length, _ in rows] == [(0, 3.0, 100.0), (1, 5.0, 7.0)]
+    assert stats.snapshot()["episodes"] == 2 and stats.episode_counts() == [1, 1]
+
+
+def test_a_lock_held_by_a_dead_worker_only_delays_readers(monkeypatch):
+    monkeypatch.setattr(stats_module, "LOCK_TIMEOUT_S", 0.1)
+    stats = SharedStats(workers=1)
+    stats.add_progress(0, frames=40, updates=1)
+    stats.locks[0].acquire()  # as if its worker died inside add_progress
+    start = time.monotonic()
+    assert stats.frames == 40 and stats.snapshot()["updates"] == 1  # read without the lock, after the timeout
+    stats.add_progress(0, frames=40, updates=1)  # the restarted worker goes on too
+    assert stats.frames == 80 and time.monotonic() - start < 2
