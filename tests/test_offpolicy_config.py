@@ -19,7 +19,7 @@ from shared.config import ConfigError
     (["algo=dqn", "sac.alpha_init=0.1"], "unknown key 'sac.alpha_init'"),
     (["model.hidden=[256,-1]"], "model.hidden=[256, -1] is not allowed"),
     (["collector.prefill_frames=5000", "replay.size=1000"], "collector.prefill_frames=5000 is not allowed"),
-    (["profile=huge"], "profile='huge' does not exist; allowed: humanoid_scale, local, ray_smoke, scale, smoke"),
+    (["profile=huge"], "profile='huge' does not exist; allowed: atari, humanoid_scale, local, ray_smoke, scale, smoke"),
     (["resume=/nonexistent/last.pt"], "resume='/nonexistent/last.pt': no such file"),
     (["logger.backend=mlflow"], "logger.backend='mlflow' is not allowed"),
     (["total_frames"], "is not of the form key=value"),
