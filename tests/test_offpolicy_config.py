@@ -52,5 +52,6 @@ def test_cli_prints_one_line_and_exits_2(args):
 def test_help_lists_groups_and_defaults(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "algo=: ddpg | dqn | sac | td3" in out and "profile=: humanoid_scale | local | ray_smoke | scale | smoke" in out
+    assert "algo=: ddpg | dqn | sac | td3" in out
+    assert "profile=: atari | humanoid_scale | local | ray_smoke | scale | smoke" in out
     assert "utd_ratio" in out

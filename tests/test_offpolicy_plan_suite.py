@@ -17,7 +17,8 @@ PROFILES = sorted(p.stem for p in (CONFIG_ROOT / "offpolicy" / "profile").glob("
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_profile_plans(profile):
-    cfg, _ = compose_config(["algo=sac", f"profile={profile}"])
+    algo = "dqn" if profile == "atari" else "sac"  # the Atari profile is DQN's
+    cfg, _ = compose_config([f"algo={algo}", f"profile={profile}"])
     plan = make_plan(cfg)
     assert plan["transitions"] >= cfg.total_frames and plan["envs"] == plan["collectors"] * cfg.env.num_envs
     assert plan["batch_per_rank"] * plan["learner_ranks"] == cfg.optim.batch_size
