@@ -75,6 +75,32 @@ def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, sta
     return result
 
 
+def plot_seeds(name: str, runs: list[dict]) -> Path:
+    """Every seed's deterministic evaluation return against frames, with the target, in ``<name>-seeds.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for r in runs:
+        frames, returns = zip(*r["eval_returns"]) if r["eval_returns"] else ((), ())
+        ax.plot(frames, returns, marker=".", label=f"seed {r['seed']}")
+    target, budget = CASES[name][1], CASES[name][2]
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", label=f"target {target:g} within {budget:,} frames")
+    ax.set_xlabel("collected frames")
+    ax.set_ylabel("evaluation return")
+    ax.set_title(name)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = RESULTS / f"{name}-seeds.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
 def _emit(line: dict) -> None:
     print(json.dumps(line), flush=True)
 
@@ -102,6 +128,7 @@ def main(argv: list[str]) -> None:
                    "unit": unit})
     for name in names:
         runs = [json.loads((RESULTS / f"{name}-seed{seed}.json").read_text()) for seed in seeds]
+        plot_seeds(name, runs)
         reached = sorted(r["reached_at_frames"] if r["reached_at_frames"] is not None else float("inf") for r in runs)
         _emit({"bench": f"offpolicy_learning/{name}", "metric": "reached_at_frames_median",
                "value": statistics.median(reached), "range": [reached[0], reached[-1]], "unit": "frames",
