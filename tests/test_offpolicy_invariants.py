@@ -91,8 +91,8 @@ def test_non_finite_metric_stops_the_run(tmp_path, monkeypatch):
 
     real = envs.make_train_env
 
-    def make(cfg, obs_norm_state=None):
-        env = real(cfg, obs_norm_state)
+    def make(cfg, obs_norm_state=None, seed=None):
+        env = real(cfg, obs_norm_state, seed=seed)
         env.append_transform(RewardScaling(loc=0.0, scale=float("nan")))  # every reward becomes NaN
         return env
 
