@@ -11,7 +11,7 @@ from offpolicy.engines.base import Engine
 
 def make_engine(cfg: DictConfig, env, parts, run_dir: Path, seed: int) -> Engine:
     """The engine ``cfg.engine`` names, built around ``parts`` (offpolicy/algorithms.py) and the training env (the
-    local collector's env; Ray collectors build their own from the config, seeded from ``seed``)."""
+    local collector's env, already seeded; Ray collectors build their own from the config, seeded from ``seed``)."""
     if cfg.engine == "ray":
         from offpolicy.engines.ray import RayEngine
 

@@ -26,10 +26,10 @@ def make_collector(cfg: DictConfig, env, policy):
 
 
 class LocalEngine(Engine):
-    """Everything in this process: the collector runs ``parts.collect_policy`` itself on ``env`` (seeded by the caller;
-    ``seed`` is not used here), so publishing only bumps its policy version."""
+    """Everything in this process: the collector runs ``parts.collect_policy`` itself on ``env`` (seeded by the
+    caller), so publishing only bumps its policy version."""
 
-    def __init__(self, cfg: DictConfig, env, parts: AlgoParts, run_dir: Path, seed: int | None = None):
+    def __init__(self, cfg: DictConfig, env, parts: AlgoParts, run_dir: Path):
         self.cfg, self.run_dir = cfg, run_dir
         self.collector = make_collector(cfg, env, parts.collect_policy)
         self.replay = make_replay_buffer(cfg, run_dir)
