@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-RUN = ["algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "total_frames=4000", "eval.interval_frames=0"]
+RUN = ["algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "total_env_steps=4000", "eval.interval_env_steps=0"]
 RUNS = {
     "nccl": [*RUN, "ray.backend=nccl", "ray.world_size=1", "ray.learner_gpus=1", "ray.learner_cpus=1"],
     "gpu_collectors": [*RUN, "ray.collector_gpus=0.5", "ray.world_size=1"],
@@ -48,7 +48,7 @@ def check_update(out: Path, n: int = 200) -> None:
     from offpolicy.replay import make_replay_buffer
 
     cfg, _ = compose_config(["algo=sac", "env=HalfCheetah-v5", "optim.batch_size=256", "model.hidden=[256,256]",
-                             "collector.frames_per_batch=1000"])
+                             "collector.env_steps_per_batch=1000"])
     device = torch.device("cuda")
     env = make_train_env(cfg)
     parts = build_parts(cfg, env)

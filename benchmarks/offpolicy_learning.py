@@ -25,11 +25,11 @@ sys.path.insert(0, str(ROOT))
 from shared.logging import read_scalars  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "offpolicy_learning"
-PENDULUM = ["env=Pendulum-v1", "total_frames=20000", "collector.frames_per_batch=200", "collector.prefill_frames=1000",
-            "eval.interval_frames=1000", "eval.episodes=5", "eval.max_episode_steps=200"]
+PENDULUM = ["env=Pendulum-v1", "total_env_steps=20000", "collector.env_steps_per_batch=200", "collector.prefill_env_steps=1000",
+            "eval.interval_env_steps=1000", "eval.episodes=5", "eval.max_episode_steps=200"]
 # name: (overrides, target return, frame budget)
 CASES = {
-    "dqn-cartpole": (["algo=dqn", "env=CartPole-v1", "total_frames=50000", "eval.interval_frames=2500",
+    "dqn-cartpole": (["algo=dqn", "env=CartPole-v1", "total_env_steps=50000", "eval.interval_env_steps=2500",
                       "eval.episodes=5"], 500.0, 50_000),
     "sac-pendulum": (["algo=sac", *PENDULUM], -200.0, 20_000),
     "td3-pendulum": (["algo=td3", *PENDULUM], -200.0, 20_000),
@@ -37,9 +37,9 @@ CASES = {
     # the DDPG tutorial's data pipeline together: TD(lambda) on 8-step slices, prioritized memmap replay, ObservationNorm
     "ddpg-pendulum-options": (["algo=ddpg", *PENDULUM, "loss.value_estimator=tdlambda", "replay.slice_len=8",
                                "replay.prioritized=true", "replay.storage=memmap", "env.obs_norm=true"], -200.0, 20_000),
-    "sac-halfcheetah": (["algo=sac", "env=HalfCheetah-v5", "total_frames=1000000", "eval.interval_frames=10000",
+    "sac-halfcheetah": (["algo=sac", "env=HalfCheetah-v5", "total_env_steps=1000000", "eval.interval_env_steps=10000",
                          "checkpoint.interval_s=300"], None, 1_000_000),
-    "td3-halfcheetah": (["algo=td3", "env=HalfCheetah-v5", "total_frames=1000000", "eval.interval_frames=10000",
+    "td3-halfcheetah": (["algo=td3", "env=HalfCheetah-v5", "total_env_steps=1000000", "eval.interval_env_steps=10000",
                          "checkpoint.interval_s=300"], None, 1_000_000),
 }
 
@@ -61,8 +61,8 @@ def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, sta
     steps, returns = read_scalars(run_dir, "eval/return")
     reached = next((int(s) for s, r in zip(steps, returns) if target is not None and r >= target), None)
     result = {
-        "case": name, "seed": seed, "exit_code": code, "target": target, "budget_frames": budget,
-        "reached_at_frames": reached, "passed": reached is not None and reached <= budget,
+        "case": name, "seed": seed, "exit_code": code, "target": target, "budget_env_steps": budget,
+        "reached_at_env_steps": reached, "passed": reached is not None and reached <= budget,
         "eval_returns": [[int(s), round(r, 1)] for s, r in zip(steps, returns)],
         "best_eval_return": max(returns) if returns else None, "wall_s": round(time.time() - started, 1),
     }
@@ -76,7 +76,7 @@ def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, sta
 
 
 def plot_seeds(name: str, runs: list[dict]) -> Path:
-    """Every seed's deterministic evaluation return against frames, with the target, in ``<name>-seeds.png``."""
+    """Every seed's deterministic evaluation return against env steps, with the target, in ``<name>-seeds.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,12 +84,12 @@ def plot_seeds(name: str, runs: list[dict]) -> Path:
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for r in runs:
-        frames, returns = zip(*r["eval_returns"]) if r["eval_returns"] else ((), ())
-        ax.plot(frames, returns, marker=".", label=f"seed {r['seed']}")
+        env_steps, returns = zip(*r["eval_returns"]) if r["eval_returns"] else ((), ())
+        ax.plot(env_steps, returns, marker=".", label=f"seed {r['seed']}")
     target, budget = CASES[name][1], CASES[name][2]
     if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", label=f"target {target:g} within {budget:,} frames")
-    ax.set_xlabel("collected frames")
+        ax.axhline(target, color="grey", linestyle="--", label=f"target {target:g} within {budget:,} env steps")
+    ax.set_xlabel("collected env steps")
     ax.set_ylabel("evaluation return")
     ax.set_title(name)
     ax.grid(alpha=0.3)
@@ -123,15 +123,15 @@ def main(argv: list[str]) -> None:
             running.append((name, seed, *start_case(name, seed, extra)))
         name, seed, proc, run_dir, started = running.pop(0)
         r = finish_case(name, seed, proc, run_dir, started)
-        for metric, unit in (("reached_at_frames", "frames"), ("best_eval_return", "return"), ("wall_s", "s")):
+        for metric, unit in (("reached_at_env_steps", "env_steps"), ("best_eval_return", "return"), ("wall_s", "s")):
             _emit({"bench": f"offpolicy_learning/{name}", "seed": seed, "metric": metric, "value": r[metric],
                    "unit": unit})
     for name in names:
         runs = [json.loads((RESULTS / f"{name}-seed{seed}.json").read_text()) for seed in seeds]
         plot_seeds(name, runs)
-        reached = sorted(r["reached_at_frames"] if r["reached_at_frames"] is not None else float("inf") for r in runs)
-        _emit({"bench": f"offpolicy_learning/{name}", "metric": "reached_at_frames_median",
-               "value": statistics.median(reached), "range": [reached[0], reached[-1]], "unit": "frames",
+        reached = sorted(r["reached_at_env_steps"] if r["reached_at_env_steps"] is not None else float("inf") for r in runs)
+        _emit({"bench": f"offpolicy_learning/{name}", "metric": "reached_at_env_steps_median",
+               "value": statistics.median(reached), "range": [reached[0], reached[-1]], "unit": "env_steps",
                "seeds": seeds, "passed": sum(r["passed"] for r in runs), "jobs": jobs})
 
 

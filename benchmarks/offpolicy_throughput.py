@@ -2,18 +2,18 @@
 phase (after prefill), at UTD 1, batch 256 and 256x256 MLPs; SAC, TD3 and DDPG on HalfCheetah-v5, DQN on CartPole-v1
 (plus DQN at CleanRL's own setting, 1 update per 10 steps with batch 128, to compare with its 4,315 steps/s).
 
-    nice -n 5 python benchmarks/offpolicy_throughput.py [algo ...] [frames=N] [threads=2]
+    nice -n 5 python benchmarks/offpolicy_throughput.py [algo ...] [env_steps=N] [threads=2]
 
 ``threads`` is the engine's torch threads (default 2: the whole machine, as the reference uses).
 
 Each case is a fresh ``python -m offpolicy.train`` run with evaluation off and metrics logged every batch; the figures
-are learning-phase frames (or updates) over the wall time of those batches (collection + learning), and over the
+are learning-phase env steps (or updates) over the wall time of those batches (collection + learning), and over the
 process's CPU time (``*_per_cpu_s``: the figure that stays meaningful when other jobs share the 2 cores; one torch
 thread, so a CPU-second is a core-second).
 
 Each case is then repeated by benchmarks/offpolicy_reference.py, the same work in plain PyTorch + Gymnasium the
 CleanRL way (one env, a tensor ring buffer, the same networks, batch, UTD, prefill and targets; torch's default
-threads), in its own fresh process and for as many learning-phase steps as the engine's learning-phase frames:
+threads), in its own fresh process and for as many learning-phase steps as the engine's learning-phase env steps:
 ``reference_env_steps_per_s`` is its figure and ``ratio_to_reference`` the engine's ``env_steps_per_s`` over it
 (above 1: the engine is faster). Both DQN cases get a reference at their own UTD, batch and hidden sizes.
 
@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from shared.logging import read_scalars  # noqa: E402
 
-COMMON = ["optim.utd_ratio=1", "optim.batch_size=256", "model.hidden=[256,256]", "collector.frames_per_batch=1000",
-          "collector.prefill_frames=1000", "eval.interval_frames=0", "eval.final_episodes=0", "logger.interval_s=0",
+COMMON = ["optim.utd_ratio=1", "optim.batch_size=256", "model.hidden=[256,256]", "collector.env_steps_per_batch=1000",
+          "collector.prefill_env_steps=1000", "eval.interval_env_steps=0", "eval.final_episodes=0", "logger.interval_s=0",
           "logger.progress_bar=false", "checkpoint.interval_s=0"]
 CASES = {
     "sac": ["algo=sac", "env=HalfCheetah-v5", *COMMON],
@@ -45,7 +45,7 @@ CASES = {
     "dqn-cleanrl": ["algo=dqn", "env=CartPole-v1", *COMMON, "optim.utd_ratio=0.1", "optim.batch_size=128",
                     "model.hidden=[120,84]"],
 }
-PREFILL = 1000  # collector.prefill_frames in COMMON
+PREFILL = 1000  # collector.prefill_env_steps in COMMON
 # benchmarks/offpolicy_reference.py arguments of each case (same algorithm, UTD, batch and hidden sizes)
 REFERENCE = {
     "sac": ["sac"], "td3": ["td3"], "ddpg": ["ddpg"],
@@ -54,19 +54,19 @@ REFERENCE = {
 }
 
 
-def measure(name: str, frames: int, threads: int) -> dict:
+def measure(name: str, env_steps: int, threads: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "offpolicy.train", *CASES[name], f"total_frames={frames}", f"threads={threads}",
+        cmd = [sys.executable, "-m", "offpolicy.train", *CASES[name], f"total_env_steps={env_steps}", f"threads={threads}",
                f"run_dir={tmp}"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{name} failed: {proc.stderr[-2000:]}")
         _, optim = read_scalars(tmp, "train/optim_steps")
-        _, sps = read_scalars(tmp, "time/sps")
+        _, sps = read_scalars(tmp, "time/env_steps_per_s")
         _, ups = read_scalars(tmp, "time/updates_per_s")
-        _, fps = read_scalars(tmp, "collector/fps")
+        _, fps = read_scalars(tmp, "collector/env_steps_per_s")
         _, cpu = read_scalars(tmp, "time/cpu_s")
-        _, frames_logged = read_scalars(tmp, "train/frames")
+        _, env_steps_logged = read_scalars(tmp, "train/env_steps")
     # one window per batch (logger.interval_s=0); keep the batches after the prefill one
     learning = [i for i in range(len(optim)) if i > 0 and optim[i] > optim[i - 1]]
     batch = 1000
@@ -75,11 +75,11 @@ def measure(name: str, frames: int, threads: int) -> dict:
     first, last = learning[0] - 1, learning[-1]  # from the end of the prefill batch to the end of the run
     cpu_s = cpu[last] - cpu[first]
     return {"env_steps_per_s": len(learning) * batch / wall, "updates_per_s": updates / wall,
-            "env_steps_per_cpu_s": (frames_logged[last] - frames_logged[first]) / cpu_s,
+            "env_steps_per_cpu_s": (env_steps_logged[last] - env_steps_logged[first]) / cpu_s,
             "updates_per_cpu_s": (optim[last] - optim[first]) / cpu_s,
             "learner_updates_per_s": sum(ups[i] for i in learning) / len(learning),
-            "collector_steps_per_s": sum(fps[i] for i in learning) / len(learning), "frames": frames,
-            "learning_frames": len(learning) * batch}
+            "collector_steps_per_s": sum(fps[i] for i in learning) / len(learning), "env_steps": env_steps,
+            "learning_env_steps": len(learning) * batch}
 
 
 def measure_reference(name: str, steps: int) -> float:
@@ -96,14 +96,14 @@ def measure_reference(name: str, steps: int) -> float:
 
 def main(argv: list[str]) -> None:
     names = [a for a in argv if "=" not in a] or list(CASES)
-    frames = int(next((a.split("=", 1)[1] for a in argv if a.startswith("frames=")), 6000))
+    env_steps = int(next((a.split("=", 1)[1] for a in argv if a.startswith("env_steps=")), 6000))
     threads = int(next((a.split("=", 1)[1] for a in argv if a.startswith("threads=")), 2))
     out = ROOT / "benchmarks" / "results" / "offpolicy_throughput.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for name in names:
-        r = measure(name, frames, threads)
-        r["reference_env_steps_per_s"] = measure_reference(name, r["learning_frames"])
+        r = measure(name, env_steps, threads)
+        r["reference_env_steps_per_s"] = measure_reference(name, r["learning_env_steps"])
         r["ratio_to_reference"] = r["env_steps_per_s"] / r["reference_env_steps_per_s"]
         for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"),
                              ("env_steps_per_cpu_s", "steps/cpu-s"), ("updates_per_cpu_s", "updates/cpu-s"),
@@ -114,7 +114,7 @@ def main(argv: list[str]) -> None:
                     "unit": unit}
             print(json.dumps(line), flush=True)
             with out.open("a") as f:
-                f.write(json.dumps({**line, "time": stamp, "frames": frames, "threads": threads,
+                f.write(json.dumps({**line, "time": stamp, "env_steps": env_steps, "threads": threads,
                                     "host": platform.node()}) + "\n")
 
 

@@ -59,7 +59,7 @@ def _wall_ms(fn, n: int) -> float:
 def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
             deactivate_vmap: bool = False) -> dict[str, float]:
     cfg, _ = compose_config([f"algo={algo}", f"env={ENVS[algo]}", "optim.batch_size=256", "model.hidden=[256,256]",
-                             "collector.frames_per_batch=1000", "collector.prefill_frames=1000"])
+                             "collector.env_steps_per_batch=1000", "collector.prefill_env_steps=1000"])
     torch.manual_seed(0)
     torch.set_num_threads(threads)
     algorithms.DEACTIVATE_VMAP = deactivate_vmap

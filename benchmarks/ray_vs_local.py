@@ -1,7 +1,7 @@
 """The Ray engine against the local one (a figure, not a test): env steps/s and optimiser updates/s of the same
 algorithm and config, after prefill, with equal resources on this machine. The goal is Ray >= 80 % of local.
 
-    python benchmarks/ray_vs_local.py [sac|dqn ...] [frames=N] [cpus=N] [engines=local-1env,ray-1x1,...]
+    python benchmarks/ray_vs_local.py [sac|dqn ...] [env_steps=N] [cpus=N] [engines=local-1env,ray-1x1,...]
 
 - local: one process, ``threads=cpus`` torch threads, ``env.num_envs=2`` envs stepped in turn (SerialEnv);
 - ray: a local Ray cluster of ``cpus`` CPUs, 2 collector actors x 1 env, 2 Gloo learner ranks (global batch split
@@ -11,7 +11,7 @@ algorithm and config, after prefill, with equal resources on this machine. The g
   CPUs): the issue's "one collector, one learner rank" case, compared with local-1env.
 
 Each case is a fresh ``python -m offpolicy.train`` with evaluation off and metrics logged every round; the figures are
-frames (or updates) between the end of the prefill round and the end of the run over the wall time between them (so
+env_steps (or updates) between the end of the prefill round and the end of the run over the wall time between them (so
 Ray's start-up is not counted). Prints JSON lines and appends them to benchmarks/results/ray_vs_local.jsonl.
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from shared.logging import read_scalars  # noqa: E402
 
-COMMON = ["optim.utd_ratio=1", "optim.batch_size=256", "model.hidden=[256,256]", "collector.frames_per_batch=1000",
-          "collector.prefill_frames=1000", "eval.interval_frames=0", "eval.final_episodes=0", "logger.interval_s=0",
+COMMON = ["optim.utd_ratio=1", "optim.batch_size=256", "model.hidden=[256,256]", "collector.env_steps_per_batch=1000",
+          "collector.prefill_env_steps=1000", "eval.interval_env_steps=0", "eval.final_episodes=0", "logger.interval_s=0",
           "logger.progress_bar=false", "checkpoint.interval_s=0", "env.num_envs=1"]
 CASES = {"sac": ["algo=sac", "env=HalfCheetah-v5"], "dqn": ["algo=dqn", "env=CartPole-v1"]}
 
@@ -54,32 +54,32 @@ def engine_args(engine: str, cpus: int) -> list[str]:
     return ["engine=ray", f"ray.num_cpus={cpus}", "ray.num_collectors=2", f"ray.collector_cpus={share}", *ranks]
 
 
-def measure(name: str, engine: str, frames: int, cpus: int) -> dict:
+def measure(name: str, engine: str, env_steps: int, cpus: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "offpolicy.train", *CASES[name], *COMMON, *engine_args(engine, cpus),
-               f"total_frames={frames}", f"run_dir={tmp}"]
+               f"total_env_steps={env_steps}", f"run_dir={tmp}"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{name}/{engine} failed: {proc.stderr[-2000:]}")
         steps, optim = read_scalars(tmp, "train/optim_steps")
         _, elapsed = read_scalars(tmp, "time/elapsed_s")
-        _, frames_logged = read_scalars(tmp, "train/frames")
+        _, env_steps_logged = read_scalars(tmp, "train/env_steps")
     first = next(i for i in range(1, len(optim)) if optim[i] > optim[i - 1]) - 1  # end of the prefill round
     wall = elapsed[-1] - elapsed[first]
-    return {"env_steps_per_s": (frames_logged[-1] - frames_logged[first]) / wall,
+    return {"env_steps_per_s": (env_steps_logged[-1] - env_steps_logged[first]) / wall,
             "updates_per_s": (optim[-1] - optim[first]) / wall, "rounds": len(optim) - 1 - first}
 
 
 def main(argv: list[str]) -> None:
     names = [a for a in argv if "=" not in a] or list(CASES)
     opts = dict(a.split("=", 1) for a in argv if "=" in a)
-    frames, cpus = int(opts.get("frames", 6000)), int(opts.get("cpus", 2))
+    env_steps, cpus = int(opts.get("env_steps", 6000)), int(opts.get("cpus", 2))
     out = ROOT / "benchmarks" / "results" / "ray_vs_local.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     engines = opts["engines"].split(",") if "engines" in opts else ENGINES
     for name in names:
-        results = {engine: measure(name, engine, frames, cpus) for engine in engines}
+        results = {engine: measure(name, engine, env_steps, cpus) for engine in engines}
         lines = [{"bench": f"ray_vs_local/{name}/{engine}", "metric": metric, "value": round(r[metric], 1),
                   "unit": unit} for engine, r in results.items()
                  for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"))]
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> None:
         for line in lines:
             print(json.dumps(line), flush=True)
             with out.open("a") as f:
-                f.write(json.dumps({**line, "time": stamp, "frames": frames, "cpus": cpus,
+                f.write(json.dumps({**line, "time": stamp, "env_steps": env_steps, "cpus": cpus,
                                     "host": platform.node()}) + "\n")
 
 

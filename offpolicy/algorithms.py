@@ -30,7 +30,7 @@ class AlgoParts:
 
     collect_policy: nn.Module  # what the collector runs: stochastic (samples, noise or epsilon-greedy)
     eval_policy: nn.Module  # deterministic: the loss's actor (greedy Q network for DQN)
-    exploration: nn.Module | None  # annealed by collected frames, published with the actor (None for SAC)
+    exploration: nn.Module | None  # annealed by collected env steps, published with the actor (None for SAC)
     loss: nn.Module
     groups: list[OptimGroup]  # one optimiser per network, checkpointed by name
     target_updater: TargetUpdate
@@ -191,19 +191,19 @@ def _qvalue(cfg, obs_spec, action_dim: int):
     return ValueOperator(_QHead(cfg, obs_spec, action_dim), in_keys=["observation", "action"])
 
 
-def _noise(cfg_section, action_spec, anneal_frames: int):
+def _noise(cfg_section, action_spec, anneal_env_steps: int):
     """Additive Gaussian or Ornstein-Uhlenbeck action noise; sigma is in units of half the action range."""
     from torchrl.modules import AdditiveGaussianModule, OrnsteinUhlenbeckProcessModule
 
     half_range = (action_spec.space.high - action_spec.space.low) / 2
     if cfg_section.noise == "gaussian":
         return AdditiveGaussianModule(action_spec, sigma_init=cfg_section.sigma, sigma_end=cfg_section.sigma_end,
-                                      annealing_num_steps=anneal_frames, std=half_range, safe=True)
+                                      annealing_num_steps=anneal_env_steps, std=half_range, safe=True)
     if cfg_section.noise == "ou":
         # OU's own scale is absolute; eps anneals it from 1 to sigma_end / sigma. Needs the env's InitTracker.
         return OrnsteinUhlenbeckProcessModule(action_spec, sigma=float(cfg_section.sigma * half_range.mean()),
                                               eps_init=1.0, eps_end=cfg_section.sigma_end / cfg_section.sigma,
-                                              annealing_num_steps=anneal_frames, safe=True)
+                                              annealing_num_steps=anneal_env_steps, safe=True)
     return None
 
 
@@ -226,7 +226,7 @@ def _dqn(cfg, env) -> AlgoParts:
         net = mlp(obs_spec.shape[-1], n_actions, _hidden(cfg), _act(cfg))
     qnet = QValueActor(net, in_keys=["observation"], spec=action_spec)
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
-                           annealing_num_steps=cfg.dqn.eps_anneal_frames)
+                           annealing_num_steps=cfg.dqn.eps_anneal_env_steps)
     loss = make_loss(cfg, None, qnet, action_spec)
     optimizer = _adam(cfg, loss.value_network_params.flatten_keys().values(), "actor")
     return AlgoParts(
@@ -264,7 +264,7 @@ def _ddpg(cfg, env) -> AlgoParts:
     obs_spec, action_spec = _specs(env)
     action_dim = action_spec.shape[-1]
     actor = _continuous_actor(cfg, obs_spec, action_spec)
-    noise = _noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_frames)
+    noise = _noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_env_steps)
     loss = make_loss(cfg, actor, _qvalue(cfg, obs_spec, action_dim), action_spec)
     return AlgoParts(
         collect_policy=actor if noise is None else TensorDictSequential(actor, noise), eval_policy=actor,
@@ -278,7 +278,7 @@ def _td3(cfg, env) -> AlgoParts:
     obs_spec, action_spec = _specs(env)
     action_dim = action_spec.shape[-1]
     actor = _continuous_actor(cfg, obs_spec, action_spec)
-    noise = _noise(cfg.td3, action_spec, cfg.td3.anneal_frames)
+    noise = _noise(cfg.td3, action_spec, cfg.td3.anneal_env_steps)
     loss = make_loss(cfg, actor, _qvalue(cfg, obs_spec, action_dim), action_spec)
     groups = _actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue",
                                   actor_every=cfg.td3.policy_delay)

@@ -15,6 +15,12 @@ from shared.logging import BACKENDS
 CONFIG_DIR = CONFIG_ROOT / "offpolicy"
 CHECKPOINT_KEYS = ("config", "counters", "learner")  # what offpolicy.train writes (train.Run.save_checkpoint)
 ALIASES = {"env": "env.name", "lr": "optim.lr", "utd": "optim.utd_ratio"}
+# "frames" means emulator frames in both engines; off-policy counts env steps (transitions), named so since 0.2. The
+# old off-policy names stay accepted, on the command line and in the config of a resumed older checkpoint.
+RENAMED = {"total_frames": "total_env_steps", "collector.frames_per_batch": "collector.env_steps_per_batch",
+           "collector.prefill_frames": "collector.prefill_env_steps", "eval.interval_frames": "eval.interval_env_steps",
+           "dqn.eps_anneal_frames": "dqn.eps_anneal_env_steps", "td3.anneal_frames": "td3.anneal_env_steps",
+           "ddpg.anneal_frames": "ddpg.anneal_env_steps"}
 GROUPS = (Group("algo", may_add_keys=True), Group("profile"))
 
 
@@ -27,11 +33,11 @@ def _positive_ints(key):
 
 RULES = {
     "env.num_envs": Rule(min=1, integer=True),
-    "total_frames": Rule(min=1, integer=True),
+    "total_env_steps": Rule(min=1, integer=True),
     "seed": Rule(min=0, integer=True),
     "threads": Rule(min=1, integer=True),
-    "collector.frames_per_batch": Rule(min=1, integer=True),
-    "collector.prefill_frames": Rule(min=0, integer=True),
+    "collector.env_steps_per_batch": Rule(min=1, integer=True),
+    "collector.prefill_env_steps": Rule(min=0, integer=True),
     "model.hidden": Rule(check=_positive_ints("model.hidden")),
     "model.activation": Rule(choices=tuple(ACTIVATIONS)),
     "optim.utd_ratio": Rule(min=1e-9),
@@ -57,7 +63,7 @@ RULES = {
     "env.vector": Rule(choices=("serial", "process")),
     "env.image_size": Rule(min=36, integer=True),
     "env.obs_norm_init_steps": Rule(min=2, integer=True),
-    "eval.interval_frames": Rule(min=0, integer=True),
+    "eval.interval_env_steps": Rule(min=0, integer=True),
     "eval.episodes": Rule(min=1, integer=True),
     "eval.final_episodes": Rule(min=0, integer=True),
     "eval.max_episode_steps": Rule(min=1, integer=True),
@@ -81,10 +87,10 @@ RULES = {
     "ray.step_timeout_s": Rule(min=1),
 }
 _NOISE = {"noise": Rule(choices=("gaussian", "ou")), "sigma": Rule(min=1e-9), "sigma_end": Rule(min=0),
-          "anneal_frames": Rule(min=1, integer=True)}
+          "anneal_env_steps": Rule(min=1, integer=True)}
 ALGO_RULES = {
     "dqn": {"dqn.eps_init": Rule(min=0, max=1), "dqn.eps_end": Rule(min=0, max=1),
-            "dqn.eps_anneal_frames": Rule(min=1, integer=True)},
+            "dqn.eps_anneal_env_steps": Rule(min=1, integer=True)},
     "sac": {"sac.alpha_init": Rule(min=1e-9), "sac.alpha_lr": Rule(min=1e-12)},
     "ddpg": {**{f"ddpg.{k}": r for k, r in _NOISE.items()},
              "ddpg.noise": Rule(choices=("gaussian", "ou", "none"))},
@@ -96,11 +102,11 @@ ALGO_RULES = {
 def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     """Compose and validate the config; with ``resume=PATH`` the checkpoint's config is the base. Returns
     ``(cfg, checkpoint or None)``."""
-    overrides = parse_overrides(argv, ALIASES)
+    overrides = parse_overrides(argv, {**ALIASES, **RENAMED})
     resume = overrides.get("resume")
     checkpoint = (load_checkpoint(resume, key="resume", required=CHECKPOINT_KEYS, written_by="offpolicy.train")
                   if resume not in (None, "", "null") else None)
-    base = checkpoint["config"] if checkpoint is not None else None
+    base = _renamed_keys(checkpoint["config"]) if checkpoint is not None else None
     if base is not None and overrides.get("algo", base["algo"]) != base["algo"]:
         raise ConfigError(f"algo={overrides['algo']!r} differs from the resumed run's; allowed: {base['algo']}")
     cfg = compose(CONFIG_DIR, overrides, groups=GROUPS, rules=RULES, base=base)
@@ -114,17 +120,17 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
                               "Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5)")
     else:
         check_gym_name(cfg.env.name)
-    steps = cfg.optim.utd_ratio * cfg.collector.frames_per_batch
+    steps = cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch
     if abs(steps - round(steps)) > 1e-6 or round(steps) < 1:
         raise ConfigError(f"optim.utd_ratio={cfg.optim.utd_ratio} gives {steps:g} optimiser steps per batch of "
-                          f"collector.frames_per_batch={cfg.collector.frames_per_batch}; allowed: a utd_ratio that "
+                          f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch}; allowed: a utd_ratio that "
                           "makes it a positive integer")
-    if cfg.collector.frames_per_batch % cfg.env.num_envs:
-        raise ConfigError(f"collector.frames_per_batch={cfg.collector.frames_per_batch} is not allowed; allowed: a "
+    if cfg.collector.env_steps_per_batch % cfg.env.num_envs:
+        raise ConfigError(f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch} is not allowed; allowed: a "
                           f"multiple of env.num_envs={cfg.env.num_envs}")
-    if not cfg.optim.batch_size <= max(cfg.collector.prefill_frames, cfg.collector.frames_per_batch):
+    if not cfg.optim.batch_size <= max(cfg.collector.prefill_env_steps, cfg.collector.env_steps_per_batch):
         raise ConfigError(f"optim.batch_size={cfg.optim.batch_size} is not allowed; allowed: <= "
-                          "max(collector.prefill_frames, collector.frames_per_batch), so the first sample can be drawn")
+                          "max(collector.prefill_env_steps, collector.env_steps_per_batch), so the first sample can be drawn")
     if cfg.replay.slice_len and cfg.optim.batch_size % cfg.replay.slice_len:
         raise ConfigError(f"replay.slice_len={cfg.replay.slice_len} is not allowed; allowed: a divisor of "
                           f"optim.batch_size={cfg.optim.batch_size} (each step replays batch_size transitions)")
@@ -134,8 +140,8 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if cfg.env.from_pixels and cfg.env.obs_norm:
         raise ConfigError("env.obs_norm=true is not allowed with env.from_pixels=true; allowed: obs_norm for state "
                           "observations (images are scaled by 1/255 in the encoder)")
-    if cfg.collector.prefill_frames > cfg.replay.size:
-        raise ConfigError(f"collector.prefill_frames={cfg.collector.prefill_frames} is not allowed; allowed: <= "
+    if cfg.collector.prefill_env_steps > cfg.replay.size:
+        raise ConfigError(f"collector.prefill_env_steps={cfg.collector.prefill_env_steps} is not allowed; allowed: <= "
                           f"replay.size={cfg.replay.size}")
     ratio = cfg.optim.batch_size * cfg.optim.utd_ratio
     if cfg.optim.replay_ratio is not None and abs(ratio - cfg.optim.replay_ratio) > 1e-6 * ratio:
@@ -146,6 +152,17 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     return cfg, checkpoint
 
 
+def _renamed_keys(config: dict) -> dict:
+    """``config`` (a checkpoint's) with the keys of :data:`RENAMED` under their current names."""
+    config = OmegaConf.create(config)
+    for old, new in RENAMED.items():
+        if OmegaConf.select(config, old) is not None:
+            OmegaConf.update(config, new, OmegaConf.select(config, old))
+            parent, _, leaf = old.rpartition(".")
+            del (OmegaConf.select(config, parent) if parent else config)[leaf]
+    return OmegaConf.to_container(config)
+
+
 def _check_ray(cfg: DictConfig) -> None:
     """What the Ray engine needs on top of the local checks."""
     ray_cfg = cfg.ray
@@ -153,8 +170,8 @@ def _check_ray(cfg: DictConfig) -> None:
         raise ConfigError(f"optim.batch_size={cfg.optim.batch_size} is not allowed; allowed: a multiple of "
                           f"ray.world_size={ray_cfg.world_size} (the global batch is split evenly over the ranks)")
     per_round = ray_cfg.num_collectors * cfg.env.num_envs
-    if cfg.collector.frames_per_batch % per_round:
-        raise ConfigError(f"collector.frames_per_batch={cfg.collector.frames_per_batch} is not allowed; allowed: a "
+    if cfg.collector.env_steps_per_batch % per_round:
+        raise ConfigError(f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch} is not allowed; allowed: a "
                           f"multiple of ray.num_collectors * env.num_envs = {per_round}")
     if ray_cfg.backend == "nccl" and (ray_cfg.learner_gpus < 1 or not float(ray_cfg.learner_gpus).is_integer()):
         raise ConfigError(f"ray.learner_gpus={ray_cfg.learner_gpus} is not allowed with ray.backend=nccl; allowed: a "

@@ -60,11 +60,11 @@ class AsyncEvaluator:
         self._thread = threading.Thread(target=self._run, name="offpolicy-eval", daemon=True)
         self._thread.start()
 
-    def submit(self, frames: int, policy, episodes: int | None = None) -> None:
-        """Queue an evaluation of ``policy``'s current weights, logged at step ``frames``."""
+    def submit(self, env_steps: int, policy, episodes: int | None = None) -> None:
+        """Queue an evaluation of ``policy``'s current weights, logged at step ``env_steps``."""
         weights = TensorDict.from_module(policy).data.clone()
         with self._cond:
-            self._pending = (frames, weights, episodes or self._episodes)
+            self._pending = (env_steps, weights, episodes or self._episodes)
             self._cond.notify()
 
     def wait(self) -> None:
@@ -87,14 +87,14 @@ class AsyncEvaluator:
                 self._cond.wait_for(lambda: self._pending is not None or self._closed)
                 if self._closed:
                     return
-                frames, weights, episodes = self._pending
+                env_steps, weights, episodes = self._pending
                 self._pending = None
                 self._busy = True
             try:
-                self._evaluate(frames, weights, episodes)
+                self._evaluate(env_steps, weights, episodes)
             except Exception as exc:  # reported at once; training goes on, the summary carries it
                 if self.error is None:
-                    self.error = f"evaluation at {frames} frames failed: {type(exc).__name__}: " + \
+                    self.error = f"evaluation at {env_steps} env steps failed: {type(exc).__name__}: " + \
                         " ".join(str(exc).split())[:300]
                     print(f"\nwarning: {self.error}", file=sys.stderr, flush=True)
             finally:
@@ -102,7 +102,7 @@ class AsyncEvaluator:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _evaluate(self, frames: int, weights: TensorDict, episodes: int) -> None:
+    def _evaluate(self, env_steps: int, weights: TensorDict, episodes: int) -> None:
         render = self._video_dir is not None
         if self._env is None:
             if render:
@@ -115,7 +115,7 @@ class AsyncEvaluator:
             return
         stats = return_stats(returns)
         stats["length"] = float(np.mean(lengths))
-        self.results.append((frames, stats))
-        self._logger.log({f"eval/{k}": v for k, v in stats.items()}, frames)
+        self.results.append((env_steps, stats))
+        self._logger.log({f"eval/{k}": v for k, v in stats.items()}, env_steps)
         if video:
-            write_video(self._video_dir / f"eval-{frames}.mp4", video, fps=30)
+            write_video(self._video_dir / f"eval-{env_steps}.mp4", video, fps=30)

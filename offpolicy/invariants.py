@@ -3,8 +3,8 @@ a checkpoint and prints one ``error:`` line).
 
 Documented relation between weights and optimiser steps: the learner's policy is published to the collectors after
 every round, so the transitions of round ``k`` (0-based, counted from the start of the run) carry
-``policy_version == k``; each round runs exactly ``utd_ratio * frames_per_batch`` optimiser steps once replay holds
-``prefill_frames`` transitions (0 before).
+``policy_version == k``; each round runs exactly ``utd_ratio * env_steps_per_batch`` optimiser steps once replay holds
+``prefill_env_steps`` transitions (0 before).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class RoundInvariants:
         self.collected = 0  # transitions collected by this process (a resumed run starts at 0 again)
 
     def check(self, report) -> None:
-        self.collected += report.rollout.frames
+        self.collected += report.rollout.env_steps
         self.replay_writes = report.replay_writes
         written = report.replay_writes - self.writes_at_start
         if written != self.collected:

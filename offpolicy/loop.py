@@ -9,20 +9,20 @@ from offpolicy.report import RoundReport
 
 
 def train_loop(cfg, engine, parts, run) -> None:
-    """Collect, write, learn, publish, check, log, evaluate and checkpoint until ``cfg.total_frames`` transitions
+    """Collect, write, learn, publish, check, log, evaluate and checkpoint until ``cfg.total_env_steps`` transitions
     were collected or a stop was requested (Ctrl-C). ``run`` holds the counters and the services around the loop
     (offpolicy/train.py): invariants, metrics, evaluator, checkpointer."""
     steps_per_batch = optim_steps_per_batch(cfg)
     progress = run.progress
-    while progress.frames < cfg.total_frames and not run.stop_requested:
+    while progress.env_steps < cfg.total_env_steps and not run.stop_requested:
         start = time.perf_counter()
         # 1. one batch from the stochastic collection policy, flattened into replay
         rollout = engine.collect()
         if parts.exploration is not None:
-            parts.exploration.step(rollout.frames)  # anneal epsilon / noise by the frames collected
+            parts.exploration.step(rollout.env_steps)  # anneal epsilon / noise by the env steps collected
         collected = time.perf_counter()
-        # 2. UTD x frames optimiser steps (each with its target update), once replay holds the prefill
-        asked = steps_per_batch if engine.replay_size() >= cfg.collector.prefill_frames else 0
+        # 2. UTD x env steps optimiser steps (each with its target update), once replay holds the prefill
+        asked = steps_per_batch if engine.replay_size() >= cfg.collector.prefill_env_steps else 0
         learned, optim_steps = engine.update(asked, version=progress.batches)
         # 3. the collectors act with the new weights (and exploration state) from the next round on
         published = engine.publish()

@@ -59,14 +59,14 @@ class RoundMetrics:
 
     @staticmethod
     def _new_window() -> dict:
-        return {"frames": 0, "steps": 0, "collect_s": 0.0, "learn_s": 0.0, "losses": {}, "n_loss": 0}
+        return {"env_steps": 0, "optim_steps": 0, "collect_s": 0.0, "learn_s": 0.0, "losses": {}, "n_loss": 0}
 
     def log(self, report, progress) -> None:
         """Log what ``report`` (one round) says; ``progress`` holds the run's counters after it."""
-        r, frames = report.rollout, progress.frames
+        r, env_steps = report.rollout, progress.env_steps
         w = self._window
-        w["frames"] += r.frames
-        w["steps"] += report.steps_done
+        w["env_steps"] += r.env_steps
+        w["optim_steps"] += report.steps_done
         w["collect_s"] += report.collect_s
         w["learn_s"] += report.learn_s
         if report.learned:
@@ -79,9 +79,9 @@ class RoundMetrics:
             self.last_return = sum(r.returns) / len(r.returns)
             self.logger.log({"train/return": self.last_return,
                              "train/episode_length": sum(r.lengths) / len(r.lengths),
-                             "train/episodes": float(progress.episodes)}, frames)
+                             "train/episodes": float(progress.episodes)}, env_steps)
         if self.bar is not None:
-            self.bar.update(r.frames)
+            self.bar.update(r.env_steps)
             shown = {"return": self.last_return, "eval": self.last_eval()}
             shown = {k: v if isinstance(v, str) else f"{v:.1f}" for k, v in shown.items() if v is not None}
             self.bar.set_postfix(shown, refresh=False)
@@ -91,20 +91,20 @@ class RoundMetrics:
         self._last_log = now
         wall = w["collect_s"] + w["learn_s"]
         m = {
-            "train/frames": float(frames),
+            "train/env_steps": float(env_steps),
             "train/optim_steps": float(progress.optim_steps),
-            "train/utd_ratio": progress.optim_steps / max(frames, 1),
+            "train/utd_ratio": progress.optim_steps / max(env_steps, 1),
             "train/exploration": self.exploration_value(),
-            "collector/fps": w["frames"] / max(w["collect_s"], 1e-9),
+            "collector/env_steps_per_s": w["env_steps"] / max(w["collect_s"], 1e-9),
             "collector/policy_version": float(report.published),
             "collector/actors": float(r.collectors),
-            "collector/reward": r.reward_sum / max(r.frames, 1),
+            "collector/reward": r.reward_sum / max(r.env_steps, 1),
             "replay/size": float(report.replay_size),
             "replay/write_count": float(report.replay_writes),
             "time/elapsed_s": progress.elapsed_s,
             "time/cpu_s": time.process_time(),  # this process's CPU time: throughput on a shared machine
-            "time/sps": w["frames"] / max(wall, 1e-9),
-            "time/updates_per_s": w["steps"] / max(w["learn_s"], 1e-9),
+            "time/env_steps_per_s": w["env_steps"] / max(wall, 1e-9),
+            "time/updates_per_s": w["optim_steps"] / max(w["learn_s"], 1e-9),
             "time/collect_frac": w["collect_s"] / max(wall, 1e-9),
         }
         if r.actions is not None and r.actions.shape[0] > 1:
@@ -113,5 +113,5 @@ class RoundMetrics:
         m.update(w.get("replay", {}))
         if w["n_loss"]:
             m.update({k: v / w["n_loss"] for k, v in w["losses"].items()})
-        self.logger.log(m, frames)
+        self.logger.log(m, env_steps)
         self._window = self._new_window()

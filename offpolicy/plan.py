@@ -43,9 +43,9 @@ def make_plan(cfg: DictConfig) -> dict:
     collectors = cfg.ray.num_collectors if ray else 1
     world_size = cfg.ray.world_size if ray else 1
     envs = collectors * cfg.env.num_envs
-    per_round = cfg.collector.frames_per_batch
-    rounds = math.ceil(cfg.total_frames / per_round)
-    prefill_rounds = max(math.ceil(cfg.collector.prefill_frames / per_round) - 1, 0)  # rounds with no optimiser step
+    per_round = cfg.collector.env_steps_per_batch
+    rounds = math.ceil(cfg.total_env_steps / per_round)
+    prefill_rounds = max(math.ceil(cfg.collector.prefill_env_steps / per_round) - 1, 0)  # rounds with no optimiser step
     steps = optim_steps_per_batch(cfg)
     per_transition = transition_bytes(cfg)
     replay_bytes = per_transition * cfg.replay.size
@@ -53,9 +53,9 @@ def make_plan(cfg: DictConfig) -> dict:
     plan = {
         "algo": cfg.algo, "env": cfg.env.name, "engine": cfg.engine,
         "collectors": collectors, "envs_per_collector": cfg.env.num_envs, "envs": envs,
-        "rounds": rounds, "frames_per_round": per_round, "frames_per_collector_round": per_round // collectors,
+        "rounds": rounds, "env_steps_per_round": per_round, "env_steps_per_collector_round": per_round // collectors,
         "transitions": rounds * per_round, "transitions_per_env": rounds * per_round / envs,
-        "prefill_frames": cfg.collector.prefill_frames, "prefill_rounds": prefill_rounds,
+        "prefill_env_steps": cfg.collector.prefill_env_steps, "prefill_rounds": prefill_rounds,
         "learner_ranks": world_size, "learner_backend": cfg.ray.backend if ray else "local",
         "global_batch": cfg.optim.batch_size, "batch_per_rank": cfg.optim.batch_size // world_size,
         "optim_steps_per_round": steps, "optim_steps_total": (rounds - prefill_rounds) * steps,
@@ -63,7 +63,7 @@ def make_plan(cfg: DictConfig) -> dict:
         "replay_size": cfg.replay.size, "bytes_per_transition": per_transition, "replay_bytes": replay_bytes,
         "memory_total_bytes": memory.total, "memory_available_bytes": memory.available,
         "replay_fits_here": replay_bytes < memory.available,
-        "evaluations": cfg.total_frames // cfg.eval.interval_frames if cfg.eval.interval_frames else 0,
+        "evaluations": cfg.total_env_steps // cfg.eval.interval_env_steps if cfg.eval.interval_env_steps else 0,
         "eval_episodes": cfg.eval.episodes, "eval_max_episode_steps": cfg.eval.max_episode_steps,
     }
     if ray:
@@ -83,9 +83,9 @@ def describe(plan: dict) -> list[str]:
     lines = [
         f"{p['algo']} on {p['env']}, engine {p['engine']}",
         f"collectors: {p['collectors']} x {p['envs_per_collector']:,} envs = {p['envs']:,} envs; "
-        f"{p['frames_per_round']:,} transitions per round ({p['frames_per_collector_round']:,} per collector)",
+        f"{p['env_steps_per_round']:,} transitions per round ({p['env_steps_per_collector_round']:,} per collector)",
         f"transitions: {p['transitions']:,} in {p['rounds']:,} rounds = {p['transitions_per_env']:,.0f} per env; "
-        f"prefill {p['prefill_frames']:,} ({p['prefill_rounds']:,} rounds without optimiser steps)",
+        f"prefill {p['prefill_env_steps']:,} ({p['prefill_rounds']:,} rounds without optimiser steps)",
         f"learner: {p['learner_ranks']} rank(s) ({p['learner_backend']}), global batch {p['global_batch']:,} = "
         f"{p['batch_per_rank']:,} per rank",
         f"UTD: {p['utd_ratio']:g} optimiser steps per transition = {p['optim_steps_per_round']:,} per round; "

@@ -72,5 +72,5 @@ def sample_shape(cfg: DictConfig) -> tuple[int, ...]:
 
 
 def optim_steps_per_batch(cfg: DictConfig) -> int:
-    """Optimiser steps after each collected batch: ``utd_ratio * frames_per_batch``."""
-    return round(cfg.optim.utd_ratio * cfg.collector.frames_per_batch)
+    """Optimiser steps after each collected batch: ``utd_ratio * env_steps_per_batch``."""
+    return round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)

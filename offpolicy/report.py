@@ -15,7 +15,7 @@ class RoundReport:
     rollout: Rollout
     replay_writes: int  # replay's write count after the round
     replay_size: int
-    steps_asked: int  # optimiser steps the loop asked for (UTD x frames once prefilled, else 0)
+    steps_asked: int  # optimiser steps the loop asked for (UTD x env steps once prefilled, else 0)
     steps_done: int  # optimiser steps the learner ran
     learned: dict[str, float]  # the learner's loss/ and replay/ metrics
     published: int  # the collectors' policy version after publishing
@@ -27,7 +27,7 @@ class RoundReport:
 class Progress:
     """The run's counters (checkpointed; a resumed run continues them)."""
 
-    frames: int = 0  # collected transitions (env steps summed over envs)
+    env_steps: int = 0  # collected transitions (env steps summed over envs)
     optim_steps: int = 0
     batches: int = 0  # rounds = weight publications
     episodes: int = 0
@@ -39,18 +39,19 @@ class Progress:
         return self.start_elapsed_s + time.perf_counter() - self.started
 
     def advance(self, report: RoundReport) -> None:
-        self.frames += report.rollout.frames
+        self.env_steps += report.rollout.env_steps
         self.optim_steps += report.steps_done
         self.batches += 1
         self.episodes += len(report.rollout.returns)
 
     def state_dict(self) -> dict:
-        return {"collected_frames": self.frames, "optim_steps": self.optim_steps, "batches": self.batches,
+        return {"env_steps": self.env_steps, "optim_steps": self.optim_steps, "batches": self.batches,
                 "episodes": self.episodes, "elapsed_s": self.elapsed_s}
 
     @classmethod
     def from_state(cls, state: dict | None) -> "Progress":
         if not state:
             return cls()
-        return cls(frames=state["collected_frames"], optim_steps=state["optim_steps"], batches=state["batches"],
+        env_steps = state["env_steps"] if "env_steps" in state else state["collected_frames"]  # the pre-0.2 name
+        return cls(env_steps=env_steps, optim_steps=state["optim_steps"], batches=state["batches"],
                    episodes=state["episodes"], start_elapsed_s=state["elapsed_s"])

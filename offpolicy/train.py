@@ -48,7 +48,7 @@ class Run:
         self.cfg, self.engine, self.parts, self.progress = cfg, engine, parts, progress
         self.evaluator, self.obs_norm = evaluator, obs_norm
         self.invariants = RoundInvariants(engine.replay_writes())
-        self.bar = tqdm(total=cfg.total_frames, initial=progress.frames, unit="frame", unit_scale=True,
+        self.bar = tqdm(total=cfg.total_env_steps, initial=progress.env_steps, unit="step", unit_scale=True,
                         dynamic_ncols=True) if cfg.logger.progress_bar else None
         self.metrics = RoundMetrics(logger, interval_s=cfg.logger.interval_s,
                                     action_bounds=parts.action_bounds(action_spec),
@@ -58,16 +58,16 @@ class Run:
         self.checkpoint_path = run_dir / "checkpoints" / "last.pt"
         self.checkpoint_saved: Path | None = None  # the latest checkpoint written (or found) for this run
         self.stop_requested = False
-        interval = cfg.eval.interval_frames
-        self._next_eval = (progress.frames // interval + 1) * interval if interval else None
+        interval = cfg.eval.interval_env_steps
+        self._next_eval = (progress.env_steps // interval + 1) * interval if interval else None
         self._last_checkpoint = time.monotonic()
 
     def evaluate_if_due(self) -> None:
-        """Submit the deterministic policy to the background evaluator every ``eval.interval_frames``."""
-        if self._next_eval is not None and self.progress.frames >= self._next_eval:
-            self.evaluator.submit(self.progress.frames, self.parts.eval_policy)
-            interval = self.cfg.eval.interval_frames
-            self._next_eval = (self.progress.frames // interval + 1) * interval
+        """Submit the deterministic policy to the background evaluator every ``eval.interval_env_steps``."""
+        if self._next_eval is not None and self.progress.env_steps >= self._next_eval:
+            self.evaluator.submit(self.progress.env_steps, self.parts.eval_policy)
+            interval = self.cfg.eval.interval_env_steps
+            self._next_eval = (self.progress.env_steps // interval + 1) * interval
 
     def checkpoint_if_due(self) -> None:
         interval = self.cfg.checkpoint.interval_s
@@ -101,7 +101,7 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     progress = Progress.from_state(checkpoint["counters"] if checkpoint is not None else None)
-    seed = resumed_seed(cfg.seed, progress.frames)  # a resumed run plays new episodes, not the first run's again
+    seed = resumed_seed(cfg.seed, progress.env_steps)  # a resumed run plays new episodes, not the first run's again
     env = make_train_env(cfg, checkpoint["obs_norm"] if checkpoint is not None else None, seed=seed)
     check_action_space(cfg, env)
     run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{_env_tag(cfg.env.name)}")
@@ -117,11 +117,11 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
             engine.restore(checkpoint["learner"], version=progress.batches)
             torch.set_rng_state(checkpoint["rng"])
         print(f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser "
-              f"steps per collected transition = {round(cfg.optim.utd_ratio * cfg.collector.frames_per_batch)} steps "
-              f"per {cfg.collector.frames_per_batch}-frame batch, batch size {cfg.optim.batch_size} "
+              f"steps per collected transition = {round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)} steps "
+              f"per {cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
               f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
-              f"{cfg.collector.prefill_frames} frames; run dir {run_dir}"
-              + (f"; resumed at {progress.frames} frames" if checkpoint is not None else ""), flush=True)
+              f"{cfg.collector.prefill_env_steps} env steps; run dir {run_dir}"
+              + (f"; resumed at {progress.env_steps} env steps" if checkpoint is not None else ""), flush=True)
         config = OmegaConf.to_container(cfg, resolve=True)
         logger = SharedLogger(make_logger(cfg.logger.backend, run_dir, config=config))
         evaluator = AsyncEvaluator(lambda render: make_eval_env(cfg, render=render, obs_norm=norm), parts.eval_policy,
@@ -136,7 +136,7 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
     evals = [stats["return"] for _, stats in evaluator.results]
     summary = {
         "algo": cfg.algo, "env": cfg.env.name, "engine": cfg.engine, "status": status, "error": error,
-        "frames": progress.frames, "optim_steps": progress.optim_steps, "batches": progress.batches,
+        "env_steps": progress.env_steps, "optim_steps": progress.optim_steps, "batches": progress.batches,
         "policy_version": progress.batches, "replay_writes": run.invariants.replay_writes,
         "episodes": progress.episodes, "utd_ratio": cfg.optim.utd_ratio,
         "train_return_last": run.metrics.last_return,
@@ -147,7 +147,7 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_curves(run_dir, {"train": "train/return", "eval": "eval/return"},
-                title=f"{cfg.algo.upper()} on {cfg.env.name}", xlabel="collected frames")
+                title=f"{cfg.algo.upper()} on {cfg.env.name}", xlabel="collected env steps")
     return summary
 
 
@@ -201,7 +201,7 @@ def _final_evaluation(cfg: DictConfig, run: Run, status: str, error: str | None)
     try:
         if status == "completed" and cfg.eval.final_episodes:
             print(f"final evaluation: {cfg.eval.final_episodes} episodes", flush=True)
-            run.evaluator.submit(run.progress.frames, run.parts.eval_policy, episodes=cfg.eval.final_episodes)
+            run.evaluator.submit(run.progress.env_steps, run.parts.eval_policy, episodes=cfg.eval.final_episodes)
         run.evaluator.wait()
     except KeyboardInterrupt:
         status = "interrupted"

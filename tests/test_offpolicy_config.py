@@ -12,17 +12,17 @@ from shared.config import ConfigError
     (["algo=ppo"], "algo='ppo' does not exist; allowed: ddpg, dqn, sac, td3"),
     (["optim.batch_size=0"], "optim.batch_size=0 is out of range"),
     (["optim.btach_size=64"], "unknown key 'optim.btach_size'; did you mean optim.batch_size"),
-    (["optim.utd_ratio=0.3333", "collector.frames_per_batch=256"], "optim.utd_ratio=0.3333"),
+    (["optim.utd_ratio=0.3333", "collector.env_steps_per_batch=256"], "optim.utd_ratio=0.3333"),
     (["env=NoSuchEnv-v0"], "env.name='NoSuchEnv-v0' is not a Gymnasium id or an ALE game"),
     (["algo=sac", "env=Pong"], "env.name='Pong' is an ALE game; allowed for sac"),
     (["algo=td3", "td3.noise=pink"], "td3.noise='pink' is not allowed; allowed: one of gaussian, ou"),
     (["algo=dqn", "sac.alpha_init=0.1"], "unknown key 'sac.alpha_init'"),
     (["model.hidden=[256,-1]"], "model.hidden=[256, -1] is not allowed"),
-    (["collector.prefill_frames=5000", "replay.size=1000"], "collector.prefill_frames=5000 is not allowed"),
+    (["collector.prefill_env_steps=5000", "replay.size=1000"], "collector.prefill_env_steps=5000 is not allowed"),
     (["profile=huge"], "profile='huge' does not exist; allowed: atari, humanoid_scale, local, ray_smoke, scale, smoke"),
     (["resume=/nonexistent/last.pt"], "resume='/nonexistent/last.pt': no such file"),
     (["logger.backend=mlflow"], "logger.backend='mlflow' is not allowed"),
-    (["total_frames"], "is not of the form key=value"),
+    (["total_env_steps"], "is not of the form key=value"),
 ])
 def test_bad_input_is_one_config_error(args, needle):
     with pytest.raises(ConfigError) as info:
@@ -55,3 +55,27 @@ def test_help_lists_groups_and_defaults(capsys):
     assert "algo=: ddpg | dqn | sac | td3" in out
     assert "profile=: atari | humanoid_scale | local | ray_smoke | scale | smoke" in out
     assert "utd_ratio" in out
+
+
+def test_pre_0_2_frame_names_still_compose(tmp_path):
+    """The off-policy keys that said "frames" for env steps keep working, on the CLI and in an older checkpoint."""
+    from omegaconf import OmegaConf
+
+    from offpolicy.report import Progress
+    from shared.checkpoint import save_checkpoint
+
+    cfg, _ = compose_config(["total_frames=3000", "collector.frames_per_batch=500", "collector.prefill_frames=700",
+                             "eval.interval_frames=1500", "dqn.eps_anneal_frames=900"])
+    assert (cfg.total_env_steps, cfg.collector.env_steps_per_batch, cfg.collector.prefill_env_steps,
+            cfg.eval.interval_env_steps, cfg.dqn.eps_anneal_env_steps) == (3000, 500, 700, 1500, 900)
+    old = OmegaConf.to_container(cfg)
+    old["total_frames"] = old.pop("total_env_steps")
+    old["collector"]["frames_per_batch"] = old["collector"].pop("env_steps_per_batch")
+    old["dqn"]["eps_anneal_frames"] = old["dqn"].pop("eps_anneal_env_steps")
+    counters = {"collected_frames": 1000, "optim_steps": 250, "batches": 2, "episodes": 7, "elapsed_s": 3.0}
+    path = save_checkpoint(tmp_path / "old.pt", {"config": old, "counters": counters, "learner": {}})
+    resumed, _ = compose_config([f"resume={path}", "total_env_steps=6000"])
+    assert (resumed.total_env_steps, resumed.collector.env_steps_per_batch, resumed.dqn.eps_anneal_env_steps) == \
+        (6000, 500, 900)
+    assert "total_frames" not in resumed and "frames_per_batch" not in resumed.collector
+    assert Progress.from_state(counters).env_steps == 1000

@@ -15,7 +15,7 @@ from offpolicy.envs import make_train_env
 
 
 def _build(tmp_path, *overrides):
-    cfg, _ = compose_config(["algo=ddpg", "env=HalfCheetah-v5", "profile=smoke", "collector.frames_per_batch=500",
+    cfg, _ = compose_config(["algo=ddpg", "env=HalfCheetah-v5", "profile=smoke", "collector.env_steps_per_batch=500",
                              *overrides])
     torch.manual_seed(0)
     env = make_train_env(cfg)

@@ -57,8 +57,8 @@ def test_obs_norm_statistics_are_checkpointed_and_used_for_evaluation(tmp_path):
         eval_env.close()
         plain.close()
     # a resumed run keeps the statistics instead of recomputing them
-    resumed = train_inprocess(f"resume={run / 'checkpoints' / 'last.pt'}", "total_frames=400")
-    assert resumed["frames"] == 400 and s["frames"] == 300
+    resumed = train_inprocess(f"resume={run / 'checkpoints' / 'last.pt'}", "total_env_steps=400")
+    assert resumed["env_steps"] == 400 and s["env_steps"] == 300
     again = load_checkpoint(run / "checkpoints" / "last.pt")["obs_norm"]
     assert torch.equal(again["loc"], stats["loc"]) and torch.equal(again["scale"], stats["scale"])
 
@@ -78,7 +78,7 @@ def test_memmap_replay_is_on_disk_reopened_on_resume_and_rerun(tmp_path):
     ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
     assert ckpt["replay"]["_storage"]["_len"] == 300 and "_storage" not in ckpt["replay"]["_storage"]
     # resume: the buffer reopens the files (300 transitions) and appends 100 more
-    resumed = train_inprocess(f"resume={run / 'checkpoints' / 'last.pt'}", "total_frames=400")
+    resumed = train_inprocess(f"resume={run / 'checkpoints' / 'last.pt'}", "total_env_steps=400")
     assert first["replay_writes"] == 300 and resumed["replay_writes"] == 400
     reopened = TensorDict.load_memmap(run / "replay")
     assert torch.equal(reopened["observation"][:300], written)  # the old data was kept, not overwritten
@@ -89,7 +89,7 @@ def test_memmap_replay_is_on_disk_reopened_on_resume_and_rerun(tmp_path):
 
 @pytest.mark.parametrize("vector", ["serial", "process"])
 def test_parallel_envs_collect_num_envs_trajectories(vector):
-    cfg = _cfg("env.num_envs=2", f"env.vector={vector}", "collector.frames_per_batch=100")
+    cfg = _cfg("env.num_envs=2", f"env.vector={vector}", "collector.env_steps_per_batch=100")
     env = envs.make_train_env(cfg)
     from offpolicy.algorithms import build_parts
 
@@ -108,7 +108,7 @@ def test_parallel_envs_collect_num_envs_trajectories(vector):
 def test_smoke_run_with_parallel_envs(tmp_path):
     s = train_inprocess("algo=td3", "env=Pendulum-v1", "profile=smoke", "env.num_envs=2", "env.vector=serial",
                         f"run_dir={tmp_path}")
-    assert s["status"] == "completed" and s["frames"] == 300 and s["replay_writes"] == 300
+    assert s["status"] == "completed" and s["env_steps"] == 300 and s["replay_writes"] == 300
     assert summary(tmp_path)["batches"] == 3
 
 
@@ -127,7 +127,7 @@ def test_pixel_observations_train_through_a_conv_encoder(tmp_path):
     finally:
         env.close()
     s = train_inprocess("algo=sac", "env=HalfCheetah-v5", "profile=smoke", "env.from_pixels=true", "env.image_size=48",
-                        "optim.utd_ratio=0.25", "eval.interval_frames=0", f"run_dir={tmp_path}")
+                        "optim.utd_ratio=0.25", "eval.interval_env_steps=0", f"run_dir={tmp_path}")
     assert s["status"] == "completed" and s["optim_steps"] == 50 and s["eval_return_last"] is not None
 
 

@@ -27,9 +27,9 @@ def test_every_ale_spelling_is_the_shared_atari_env(name):
 def test_dqn_on_atari_evaluates_whole_games(tmp_path):
     """A full id trains off-policy; evaluation plays a whole game (eval.max_episode_steps, 20 here, is for
     non-Atari envs): an untrained agent loses 21 to at most a few points, in hundreds of steps."""
-    s = train_inprocess("algo=dqn", "env=ALE/Pong-v5", "profile=smoke", "replay.size=300", "eval.interval_frames=0",
+    s = train_inprocess("algo=dqn", "env=ALE/Pong-v5", "profile=smoke", "replay.size=300", "eval.interval_env_steps=0",
                         "eval.max_episode_steps=20", f"run_dir={tmp_path}")
-    assert s["status"] == "completed" and s["frames"] == 300 and s["optim_steps"] == 100
+    assert s["status"] == "completed" and s["env_steps"] == 300 and s["optim_steps"] == 100
     steps, returns = read_scalars(tmp_path, "eval/return")
     _, lengths = read_scalars(tmp_path, "eval/length")
     assert steps == [300.0] and float(returns[0]).is_integer() and -21 <= returns[0] <= -10
@@ -39,7 +39,7 @@ def test_dqn_on_atari_evaluates_whole_games(tmp_path):
 def test_mujoco_eval_writes_video(tmp_path):
     os.environ.setdefault("MUJOCO_GL", "egl")
     s = train_inprocess("algo=td3", "env=Hopper-v5", "profile=smoke", "eval.video=true", "eval.max_episode_steps=20",
-                        "eval.interval_frames=0", f"run_dir={tmp_path}")
+                        "eval.interval_env_steps=0", f"run_dir={tmp_path}")
     assert s["status"] == "completed"
     video = tmp_path / "videos" / "eval-300.mp4"
     assert video.exists() and video.stat().st_size > 1000
@@ -50,15 +50,15 @@ def test_batched_envs_are_flattened_into_replay(tmp_path):
     from shared.checkpoint import load_checkpoint
 
     s = train_inprocess("algo=dqn", "profile=smoke", "env.num_envs=2", "replay.in_checkpoint=true",
-                        "eval.interval_frames=0", "eval.final_episodes=0", f"run_dir={tmp_path}")
-    assert s["status"] == "completed" and s["frames"] == 300 and s["replay_writes"] == 300
+                        "eval.interval_env_steps=0", "eval.final_episodes=0", f"run_dir={tmp_path}")
+    assert s["status"] == "completed" and s["env_steps"] == 300 and s["replay_writes"] == 300
     replay = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["replay"]
     observations = replay["_storage"]["_storage"]["observation"]
     assert observations.shape[1:] == (4,)  # [capacity, obs_dim]: the [2, 50] rollouts went in as 100 transitions
 
 
 def test_tensorboard_backend(tmp_path):
-    s = train_inprocess("algo=dqn", "profile=smoke", "logger.backend=tensorboard", "eval.interval_frames=0",
+    s = train_inprocess("algo=dqn", "profile=smoke", "logger.backend=tensorboard", "eval.interval_env_steps=0",
                         "eval.final_episodes=0", f"run_dir={tmp_path}")
     assert s["status"] == "completed"
     assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))

@@ -10,7 +10,7 @@ from offpolicy.engines import local
 from offpolicy.engines.base import Rollout
 from offpolicy.invariants import InvariantError, check_finite
 
-ARGS = ("algo=dqn", "profile=smoke", "eval.interval_frames=0", "eval.final_episodes=0")
+ARGS = ("algo=dqn", "profile=smoke", "eval.interval_env_steps=0", "eval.final_episodes=0")
 
 
 def _run(tmp_path):
@@ -120,7 +120,7 @@ def test_cli_exit_code_on_broken_invariant(tmp_path, monkeypatch, capsys):
 def _report(**changes):
     from offpolicy.report import RoundReport
 
-    rollouts = changes.pop("rollouts", [Rollout(frames=200, version_lo=3, version_hi=3)] * 2)
+    rollouts = changes.pop("rollouts", [Rollout(env_steps=200, version_lo=3, version_hi=3)] * 2)
     fields = {"index": 3, "rollout": Rollout.merge(rollouts), "replay_writes": 1400, "replay_size": 1400,
               "steps_asked": 50, "steps_done": 50, "learned": {}, "published": 4, "collect_s": 0.1, "learn_s": 0.1}
     return RoundReport(**{**fields, **changes})
@@ -128,7 +128,7 @@ def _report(**changes):
 
 @pytest.mark.parametrize("changes,message", [
     ({"replay_writes": 1399}, "replay received 399 transitions but 400 were collected"),
-    ({"rollouts": [Rollout(frames=200, version_lo=3, version_hi=3), Rollout(frames=200, version_lo=2, version_hi=3)]},
+    ({"rollouts": [Rollout(env_steps=200, version_lo=3, version_hi=3), Rollout(env_steps=200, version_lo=2, version_hi=3)]},
      "batch 3 carries policy_version 2..3; expected 3"),
     ({"steps_done": 49}, "batch 3 ran 49 optimiser steps; expected 50"),
     ({"published": 3}, "collector policy_version 3 after 4 publications"),

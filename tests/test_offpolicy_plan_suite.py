@@ -20,7 +20,7 @@ def test_every_profile_plans(profile):
     algo = "dqn" if profile == "atari" else "sac"  # the Atari profile is DQN's
     cfg, _ = compose_config([f"algo={algo}", f"profile={profile}"])
     plan = make_plan(cfg)
-    assert plan["transitions"] >= cfg.total_frames and plan["envs"] == plan["collectors"] * cfg.env.num_envs
+    assert plan["transitions"] >= cfg.total_env_steps and plan["envs"] == plan["collectors"] * cfg.env.num_envs
     assert plan["batch_per_rank"] * plan["learner_ranks"] == cfg.optim.batch_size
     assert plan["optim_steps_total"] > 0 and plan["bytes_per_transition"] > 0
 
@@ -33,9 +33,9 @@ def test_scale_profiles_match_the_seed_suite(profile, env, transition_bytes):
     assert p["env"] == env and p["engine"] == "ray" and p["learner_backend"] == "nccl"
     assert p["envs"] == 100_000 and p["collectors"] == 4 and p["learner_ranks"] == 4
     assert p["transitions"] == 200_000_000 and p["transitions_per_env"] == 2_000
-    assert p["prefill_frames"] == 10_000_000 and p["replay_size"] == 20_000_000
+    assert p["prefill_env_steps"] == 10_000_000 and p["replay_size"] == 20_000_000
     assert p["global_batch"] == 16_384 and p["batch_per_rank"] == 4_096
-    assert p["optim_steps_per_round"] == 25 and p["frames_per_round"] == 100_000
+    assert p["optim_steps_per_round"] == 25 and p["env_steps_per_round"] == 100_000
     assert p["replay_ratio"] == pytest.approx(4.096)
     assert p["optim_steps_total"] == (2_000 - 99) * 25  # no optimiser step in the 99 rounds before 10M
     assert p["evaluations"] == 20 and p["eval_episodes"] == 64 and p["eval_max_episode_steps"] == 1_000
@@ -72,4 +72,4 @@ def test_suite_records_every_failure(tmp_path):
     sac, dqn = report["runs"]
     assert sac["exit_code"] == 2 and sac["error"].startswith("error: env.name='CartPole-v1' has no bounded")
     assert sac["summary"] is None
-    assert dqn["ok"] and dqn["summary"]["status"] == "completed" and dqn["summary"]["frames"] == 300
+    assert dqn["ok"] and dqn["summary"]["status"] == "completed" and dqn["summary"]["env_steps"] == 300

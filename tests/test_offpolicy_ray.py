@@ -49,7 +49,7 @@ def test_ray_smoke_sac(tmp_path):
     assert s["engine"] == "ray" and s["status"] == "completed" and s["error"] is None
     # transitions written == collected (summed over both actors); 4 optimising rounds x 50 steps; one weight
     # publication per round
-    assert s["frames"] == 2000 and s["replay_writes"] == 2000 and s["batches"] == 5
+    assert s["env_steps"] == 2000 and s["replay_writes"] == 2000 and s["batches"] == 5
     assert s["optim_steps"] == 200 and s["policy_version"] == 5
     assert s["episodes"] > 0 and math.isfinite(s["train_return_last"]) and math.isfinite(s["eval_return_last"])
     ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
@@ -73,8 +73,8 @@ def test_ray_ctrl_c_saves_and_leaves_no_ray_process(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it): the run finishes its round, saves every
     rank's learner state, writes the summary, exits 130 and leaves no Ray process."""
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
-    proc = start_module("offpolicy.train", "algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "total_frames=100000",
-                        "eval.interval_frames=0", f"run_dir={run_dir}", log=log)
+    proc = start_module("offpolicy.train", "algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "total_env_steps=100000",
+                        "eval.interval_env_steps=0", f"run_dir={run_dir}", log=log)
     try:
         _wait_for_training(proc, run_dir, log)
         os.killpg(proc.pid, signal.SIGINT)
@@ -84,10 +84,10 @@ def test_ray_ctrl_c_saves_and_leaves_no_ray_process(tmp_path):
             proc.kill()
     assert code == 130, log.read_text()[-3000:]
     s = summary(run_dir)
-    assert s["status"] == "interrupted" and s["frames"] % 400 == 0 and s["optim_steps"] > 0
+    assert s["status"] == "interrupted" and s["env_steps"] % 400 == 0 and s["optim_steps"] > 0
     ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert ckpt["learner"]["steps"] == s["optim_steps"] and s["policy_version"] == s["batches"] == s["frames"] // 400
-    assert ckpt["counters"]["collected_frames"] == s["frames"]
+    assert ckpt["learner"]["steps"] == s["optim_steps"] and s["policy_version"] == s["batches"] == s["env_steps"] // 400
+    assert ckpt["counters"]["env_steps"] == s["env_steps"]
     assert not wait_no_ray(), "Ray processes left behind after Ctrl-C"
 
 
@@ -96,8 +96,8 @@ def test_ray_dqn_killed_collector_then_resume(tmp_path):
     line, exit 4, a summary and a checkpoint of the learner at that frame count, and no Ray process left. Resuming
     from that checkpoint restores the ranks and completes the run with every invariant."""
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
-    proc = start_module("offpolicy.train", "algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "total_frames=100000",
-                        "eval.interval_frames=0", f"run_dir={run_dir}", log=log)
+    proc = start_module("offpolicy.train", "algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "total_env_steps=100000",
+                        "eval.interval_env_steps=0", f"run_dir={run_dir}", log=log)
     try:
         _wait_for_training(proc, run_dir, log)
         collectors = [c for c in psutil.Process(proc.pid).children(recursive=True)
@@ -116,18 +116,18 @@ def test_ray_dqn_killed_collector_then_resume(tmp_path):
     failed = summary(run_dir)
     assert failed["status"] == "failed" and "collector died" in failed["error"]
     ckpt = load_checkpoint(failed["checkpoint"])
-    assert ckpt["counters"]["collected_frames"] == failed["frames"]
+    assert ckpt["counters"]["env_steps"] == failed["env_steps"]
     assert ckpt["learner"]["steps"] == failed["optim_steps"] > 0
     # the hard target copies' phase (DQN: every 128 updates) is in the learner's state, so a resume keeps it
     assert ckpt["learner"]["target_updates"] == failed["optim_steps"]
     assert not wait_no_ray()
 
-    target = failed["frames"] + 800
-    resumed = run_cli(f"resume={failed['checkpoint']}", f"total_frames={target}", timeout=280)
+    target = failed["env_steps"] + 800
+    resumed = run_cli(f"resume={failed['checkpoint']}", f"total_env_steps={target}", timeout=280)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     s = summary(run_dir)
     # the replay actor starts empty and is prefilled again (800 transitions): only the second new round optimises
-    assert s["status"] == "completed" and s["frames"] == target and s["replay_writes"] == 800
+    assert s["status"] == "completed" and s["env_steps"] == target and s["replay_writes"] == 800
     assert s["optim_steps"] == failed["optim_steps"] + 50 and s["policy_version"] == failed["policy_version"] + 2
     assert s["episodes"] > failed["episodes"] and math.isfinite(s["eval_return_last"])
     learner = load_checkpoint(run_dir / "checkpoints" / "last.pt")["learner"]
@@ -151,7 +151,7 @@ def test_unavailable_resources_fail_fast(tmp_path):
 @pytest.mark.parametrize("override,message", [
     ("replay.prioritized=true", "replay.prioritized=True is not allowed with engine=ray"),
     ("optim.batch_size=63", "optim.batch_size=63 is not allowed; allowed: a multiple of ray.world_size=2"),
-    ("ray.num_collectors=3", "collector.frames_per_batch=400 is not allowed; allowed: a multiple of "
+    ("ray.num_collectors=3", "collector.env_steps_per_batch=400 is not allowed; allowed: a multiple of "
                              "ray.num_collectors * env.num_envs = 3"),
     ("ray.backend=nccl", "ray.learner_gpus=0.0 is not allowed with ray.backend=nccl"),
     ("ray.backend=mpi", "ray.backend='mpi' is not allowed; allowed: one of gloo, nccl"),

@@ -15,23 +15,23 @@ from offpolicy_helpers import REPO, summary, train_inprocess
 
 from shared.checkpoint import load_checkpoint
 
-ARGS = ("algo=dqn", "profile=smoke", "eval.interval_frames=0", "eval.final_episodes=0", "dqn.eps_anneal_frames=1000")
+ARGS = ("algo=dqn", "profile=smoke", "eval.interval_env_steps=0", "eval.final_episodes=0", "dqn.eps_anneal_env_steps=1000")
 
 
 @pytest.mark.parametrize("with_replay", [False, True])
 def test_resume_continues_the_run(tmp_path, with_replay):
-    first = train_inprocess(*ARGS, "total_frames=200", f"replay.in_checkpoint={str(with_replay).lower()}",
+    first = train_inprocess(*ARGS, "total_env_steps=200", f"replay.in_checkpoint={str(with_replay).lower()}",
                             f"run_dir={tmp_path}")
-    assert first["frames"] == 200 and first["batches"] == 2 and first["optim_steps"] == 50
+    assert first["env_steps"] == 200 and first["batches"] == 2 and first["optim_steps"] == 50
     ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
-    assert ckpt["counters"]["collected_frames"] == 200 and ckpt["counters"]["optim_steps"] == 50
+    assert ckpt["counters"]["env_steps"] == 200 and ckpt["counters"]["optim_steps"] == 50
     assert (ckpt["replay"] is not None) == with_replay
     eps_saved = float(ckpt["exploration"]["eps"])
-    assert eps_saved < 1.0  # annealed by the 200 collected frames
+    assert eps_saved < 1.0  # annealed by the 200 collected env steps
 
-    second = train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_frames=400")
+    second = train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_env_steps=400")
     assert second["run_dir"] == str(tmp_path) and second["status"] == "completed"
-    assert second["frames"] == 400 and second["batches"] == 4 and second["policy_version"] == 4
+    assert second["env_steps"] == 400 and second["batches"] == 4 and second["policy_version"] == 4
     # without the saved replay the buffer must be prefilled again (one batch without optimiser steps)
     assert second["optim_steps"] == (50 + 100 if with_replay else 50 + 50)
     assert second["replay_writes"] == (400 if with_replay else 200)
@@ -47,10 +47,10 @@ def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
     from offpolicy.engines.local import LocalEngine
     from offpolicy.envs import make_train_env
 
-    train_inprocess(*ARGS, "total_frames=200", f"run_dir={tmp_path}")
+    train_inprocess(*ARGS, "total_env_steps=200", f"run_dir={tmp_path}")
     path = tmp_path / "checkpoints" / "last.pt"
     ckpt = load_checkpoint(path)
-    assert ckpt["counters"]["collected_frames"] == 200 and ckpt["counters"]["batches"] == 2
+    assert ckpt["counters"]["env_steps"] == 200 and ckpt["counters"]["batches"] == 2
     cfg, _ = compose_config([f"resume={path}"])
     env = make_train_env(cfg)
     parts = build_parts(cfg, env)
@@ -68,9 +68,9 @@ def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
 
 
 def test_resume_at_the_end_runs_nothing(tmp_path):
-    train_inprocess(*ARGS, "total_frames=200", f"run_dir={tmp_path}")
-    again = train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_frames=200")
-    assert again["frames"] == 200 and again["optim_steps"] == 50 and again["status"] == "completed"
+    train_inprocess(*ARGS, "total_env_steps=200", f"run_dir={tmp_path}")
+    again = train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_env_steps=200")
+    assert again["env_steps"] == 200 and again["optim_steps"] == 50 and again["status"] == "completed"
 
 
 def _interrupt_when(tmp_path, ready, *args) -> tuple[int, float, str, Path]:
@@ -98,13 +98,13 @@ def _interrupt_when(tmp_path, ready, *args) -> tuple[int, float, str, Path]:
 def test_ctrl_c_stops_cleanly_and_saves(tmp_path):
     code, _, log, run_dir = _interrupt_when(
         tmp_path, lambda run_dir, _: (run_dir / "logs" / "scalars" / "train" / "optim_steps.csv").exists(),
-        "total_frames=100000000")
+        "total_env_steps=100000000")
     assert code == 130, log[-2000:]
     assert "Traceback" not in log
     s = summary(run_dir)
-    assert s["status"] == "interrupted" and 0 < s["frames"] < 100000000
+    assert s["status"] == "interrupted" and 0 < s["env_steps"] < 100000000
     ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert ckpt["counters"]["collected_frames"] == s["frames"]
+    assert ckpt["counters"]["env_steps"] == s["env_steps"]
     assert ckpt["counters"]["optim_steps"] == s["optim_steps"]
 
 
@@ -120,7 +120,7 @@ def test_ctrl_c_during_the_final_evaluation_still_writes_the_summary(tmp_path):
     assert code == 130 and stopped_in < 10, log[-2000:]
     assert "Traceback" not in log
     s = summary(run_dir)
-    assert s["status"] == "interrupted" and s["frames"] == 300  # training had finished (smoke: 300 frames)
+    assert s["status"] == "interrupted" and s["env_steps"] == 300  # training had finished (smoke: 300 frames)
     assert (run_dir / "checkpoints" / "last.pt").exists() and (run_dir / "curves.png").exists()
 
 
@@ -130,7 +130,7 @@ def test_a_resumed_run_plays_new_episodes(tmp_path):
     from shared.checkpoint import resumed_seed
 
     assert resumed_seed(7, 0) == 7 and resumed_seed(7, 200) == resumed_seed(7, 200) != resumed_seed(7, 400) != 7
-    train_inprocess(*ARGS, "total_frames=200", "replay.in_checkpoint=true", f"run_dir={tmp_path}")
-    train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_frames=400")
+    train_inprocess(*ARGS, "total_env_steps=200", "replay.in_checkpoint=true", f"run_dir={tmp_path}")
+    train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_env_steps=400")
     observations = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["replay"]["_storage"]["_storage"]["observation"]
     assert not torch.equal(observations[200], observations[0])  # the resumed segment's first reset is a new one

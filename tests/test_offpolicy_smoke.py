@@ -6,7 +6,7 @@ from offpolicy_helpers import run_cli, summary
 
 from shared.logging import read_scalars
 
-# algo -> optimiser steps per 100-frame smoke batch (utd_ratio x frames_per_batch; DQN's utd is 0.5)
+# algo -> optimiser steps per 100-frame smoke batch (utd_ratio x env_steps_per_batch; DQN's utd is 0.5)
 STEPS = {"dqn": 50, "sac": 100, "ddpg": 100, "td3": 100}
 
 
@@ -19,12 +19,12 @@ def test_smoke_run(algo, tmp_path):
     s = summary(run_dir)
     assert s["status"] == "completed" and s["error"] is None  # every invariant held
     # 300 frames in 3 batches; prefill is 200 frames, so the first batch runs no optimiser step
-    assert s["frames"] == 300 and s["batches"] == 3 and s["replay_writes"] == 300
+    assert s["env_steps"] == 300 and s["batches"] == 3 and s["replay_writes"] == 300
     assert s["policy_version"] == 3
     assert s["optim_steps"] == 2 * STEPS[algo]
     assert s["env"] == ("CartPole-v1" if algo == "dqn" else "HalfCheetah-v5")
-    for name in ("loss/grad_norm_q" if algo == "dqn" else "loss/grad_norm_critic", "collector/fps", "replay/action_std",
-                 "time/sps", "train/optim_steps", "eval/return"):
+    for name in ("loss/grad_norm_q" if algo == "dqn" else "loss/grad_norm_critic", "collector/env_steps_per_s", "replay/action_std",
+                 "time/env_steps_per_s", "train/optim_steps", "eval/return"):
         steps, values = read_scalars(run_dir, name)
         assert steps, f"{name} was never logged"
     if algo != "dqn":
@@ -47,8 +47,8 @@ def test_failing_evaluation_is_reported_at_once_and_training_goes_on(tmp_path, c
     cfg, _ = compose_config(["algo=dqn", "profile=smoke", f"run_dir={tmp_path}"])
     monkeypatch.setattr(train, "make_eval_env", broken_eval_env)
     s = train.train(cfg)
-    assert s["status"] == "completed" and s["frames"] == 300 and s["optim_steps"] == 100
-    assert s["eval_error"] == ("evaluation at 200 frames failed: RuntimeError: no display for the evaluation env")
+    assert s["status"] == "completed" and s["env_steps"] == 300 and s["optim_steps"] == 100
+    assert s["eval_error"] == ("evaluation at 200 env steps failed: RuntimeError: no display for the evaluation env")
     assert summary(tmp_path)["eval_error"] == s["eval_error"]
     err = capsys.readouterr().err
-    assert err.count("warning: evaluation at 200 frames failed") == 1  # once, at the first failure
+    assert err.count("warning: evaluation at 200 env steps failed") == 1  # once, at the first failure

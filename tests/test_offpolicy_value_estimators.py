@@ -79,7 +79,7 @@ def test_value_estimators_need_trajectory_replay():
 
 def test_slices_are_contiguous_pieces_of_one_trajectory():
     cfg, _ = compose_config(["algo=sac", "env=Pendulum-v1", "profile=smoke", "replay.slice_len=8",
-                             "collector.frames_per_batch=400", "env.num_envs=2"])
+                             "collector.env_steps_per_batch=400", "env.num_envs=2"])
     torch.manual_seed(0)
     env = envs.make_train_env(cfg)
     parts = build_parts(cfg, env)

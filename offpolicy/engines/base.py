@@ -21,7 +21,7 @@ class Rollout:
     """What one round of collection brought: counts, finished episodes, the policy versions it was collected with
     (None when nothing was collected), rewards and actions (for the action statistics)."""
 
-    frames: int = 0
+    env_steps: int = 0
     returns: list[float] = field(default_factory=list)
     lengths: list[float] = field(default_factory=list)
     version_lo: int | None = None
@@ -35,7 +35,7 @@ class Rollout:
         """One round's rollout from several collectors' rollouts."""
         versions = [(p.version_lo, p.version_hi) for p in parts if p.version_lo is not None]
         actions = [p.actions for p in parts if p.actions is not None and len(p.actions)]
-        return Rollout(frames=sum(p.frames for p in parts), returns=[r for p in parts for r in p.returns],
+        return Rollout(env_steps=sum(p.env_steps for p in parts), returns=[r for p in parts for r in p.returns],
                        lengths=[n for p in parts for n in p.lengths],
                        version_lo=min(v[0] for v in versions) if versions else None,
                        version_hi=max(v[1] for v in versions) if versions else None,
@@ -66,7 +66,7 @@ class RolloutStats:
         else:
             done, returns, lengths = (nxt.get(k).reshape(-1) for k in ("done", "episode_reward", "step_count"))
         versions = nxt.get("policy_version")  # the root key lags one step behind
-        return Rollout(frames=batch.numel(), returns=returns[done].float().tolist(),
+        return Rollout(env_steps=batch.numel(), returns=returns[done].float().tolist(),
                        lengths=lengths[done].float().tolist(),
                        version_lo=int(versions.min()), version_hi=int(versions.max()),
                        reward_sum=float(nxt.get("reward").float().sum()),
@@ -78,7 +78,7 @@ class Engine(ABC):
 
     @abstractmethod
     def collect(self) -> Rollout:
-        """Collect one batch (``collector.frames_per_batch`` transitions) with the published policy and write it,
+        """Collect one batch (``collector.env_steps_per_batch`` transitions) with the published policy and write it,
         flattened ``[B, T] -> [B*T]``, into replay."""
 
     @abstractmethod

@@ -20,7 +20,7 @@ def make_collector(cfg: DictConfig, env, policy):
     from torchrl.envs.utils import ExplorationType
 
     # an explicit PolicyVersion: track_policy_version=True refuses batched (Serial/Parallel) envs
-    return Collector(env, policy, frames_per_batch=cfg.collector.frames_per_batch, total_frames=-1,
+    return Collector(env, policy, frames_per_batch=cfg.collector.env_steps_per_batch, total_frames=-1,
                      exploration_type=ExplorationType.RANDOM, track_policy_version=PolicyVersion(),
                      auto_register_policy_transforms=False)
 

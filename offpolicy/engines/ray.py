@@ -85,7 +85,7 @@ def _collector_env(cfg: DictConfig, index: int, obs_norm: dict | None, seed: int
 
 def make_collector(cfg: DictConfig, policy, replay, obs_norm: dict | None, seed: int):
     """``ray.num_collectors`` collector actors that each run ``policy`` (stochastic) on ``env.num_envs`` envs and
-    write flattened rollouts into ``replay``; one round collects ``collector.frames_per_batch`` in all."""
+    write flattened rollouts into ``replay``; one round collects ``collector.env_steps_per_batch`` in all."""
     from torchrl.collectors import Collector
     from torchrl.collectors.distributed import RayCollector
     from torchrl.envs.llm.transforms import PolicyVersion
@@ -98,8 +98,8 @@ def make_collector(cfg: DictConfig, policy, replay, obs_norm: dict | None, seed:
               "postproc": for_replay, "post_collect_hook": RolloutStats()}
     return RayCollector(
         [partial(_collector_env, cfg, i, obs_norm, seed) for i in range(cfg.ray.num_collectors)], policy,
-        frames_per_batch=cfg.collector.frames_per_batch,
-        # torchrl 0.14.1: total_frames=-1 stops after one round; the loop stops the run at total_frames
+        frames_per_batch=cfg.collector.env_steps_per_batch,
+        # torchrl 0.14.1: total_frames=-1 stops after one round; the loop stops the run at total_env_steps
         total_frames=2**62, collector_class=Collector, collector_kwargs=kwargs, remote_configs=remote,
         sync=True, replay_buffer=replay, exploration_type=ExplorationType.RANDOM,
         update_after_each_batch=False,  # the loop publishes once per round, after the learner
