@@ -10,6 +10,7 @@ from offpolicy.envs import is_atari
 from shared.checkpoint import load_checkpoint
 from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, compose, parse_overrides
 from shared.envs import check_gym_name
+from shared.backends import ENV_BACKENDS, check_backend
 from shared.logging import BACKENDS
 
 CONFIG_DIR = CONFIG_ROOT / "offpolicy"
@@ -61,6 +62,7 @@ RULES = {
     "replay.beta": Rule(min=0),
     "replay.slice_len": Rule(min=2, integer=True, nullable=True),
     "env.vector": Rule(choices=("serial", "process")),
+    "env.backend": Rule(choices=ENV_BACKENDS),
     "env.image_size": Rule(min=36, integer=True),
     "env.obs_norm_init_steps": Rule(min=2, integer=True),
     "eval.interval_env_steps": Rule(min=0, integer=True),
@@ -120,6 +122,7 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
                               "Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5)")
     else:
         check_gym_name(cfg.env.name)
+    _check_backend(cfg)
     steps = cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch
     if abs(steps - round(steps)) > 1e-6 or round(steps) < 1:
         raise ConfigError(f"optim.utd_ratio={cfg.optim.utd_ratio} gives {steps:g} optimiser steps per batch of "
@@ -150,6 +153,18 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if cfg.engine == "ray":
         _check_ray(cfg)
     return cfg, checkpoint
+
+
+def _check_backend(cfg: DictConfig) -> None:
+    """The chosen env backend can run this env here (checked before anything is built or written)."""
+    backend = cfg.env.backend
+    if backend == "gymnasium":
+        return
+    if is_atari(cfg) or cfg.env.from_pixels or cfg.env.name.startswith("dmc:"):
+        raise ConfigError(f"env.backend={backend} is not allowed for env.name={cfg.env.name!r}"
+                          f"{' with env.from_pixels=true' if cfg.env.from_pixels else ''}; allowed: gymnasium (ALE "
+                          "games, dm_control and pixels go through the shared Gymnasium/Atari stack)")
+    check_backend(backend, cfg.env.name)
 
 
 def _renamed_keys(config: dict) -> dict:

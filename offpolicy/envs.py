@@ -34,15 +34,21 @@ def _pixels(cfg: DictConfig) -> dict:
 
 
 def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: int | None = None):
-    """The training env: ``cfg.env.num_envs`` copies stepped together (in this process or one process each,
-    ``env.vector``), seeded with ``seed`` (default ``cfg.seed``; a resumed run passes a new one); with
+    """The training env: ``cfg.env.num_envs`` copies stepped together (by a batched simulator, ``env.backend``, or
+    as Gymnasium copies in this process or one process each, ``env.vector``), seeded with ``seed`` (default ``cfg.seed``; a resumed run passes a new one); with
     ``env.obs_norm`` observations are standardised with statistics
     from ``obs_norm_state`` (a resumed run's) or from ``env.obs_norm_init_steps`` random-action steps."""
-    from torchrl.envs import Compose, InitTracker, ParallelEnv, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.envs import (Compose, DoubleToFloat, InitTracker, ParallelEnv, RewardSum, SerialEnv, StepCounter,
+                              TransformedEnv)
+
+    from shared.backends import make_batched_env
 
     n = cfg.env.num_envs
     seed = cfg.seed if seed is None else seed
-    if is_atari(cfg) or n == 1:  # AtariVectorEnv batches its games itself
+    if cfg.env.backend != "gymnasium":  # one batched simulator steps all n copies
+        base = TransformedEnv(make_batched_env(cfg.env.backend, cfg.env.name, n, seed),
+                              Compose(DoubleToFloat(), RewardSum()))  # as make_env does for Gymnasium ids
+    elif is_atari(cfg) or n == 1:  # AtariVectorEnv batches its games itself
         base = make_env(cfg.env.name, seed=seed, num_envs=n, atari=_atari_settings(cfg), train=True, **_pixels(cfg))
     else:
         batched = ParallelEnv if cfg.env.vector == "process" else SerialEnv
