@@ -1,13 +1,17 @@
-"""``python -m offpolicy.plan [algo=...] profile=<name> [key=value ...]``: compose a run's config with every check
-train.py makes (a broken invariant is one ``error:`` line and exit 2) and print what the run would do, without
-starting Ray or training: collectors and envs, transitions per env, batches per rank, UTD, optimiser steps in total,
-and the replay's memory (bytes per transition measured on one copy of the env) against this machine's memory.
-The last line is the plan as JSON.
+"""``python -m offpolicy.plan [algo=...] profile=<name> [key=value ...] [measure=false]``: compose a run's config
+with every check train.py makes (a broken invariant is one ``error:`` line and exit 2) and print what the run would
+do, without starting Ray or training: collectors and envs, transitions per env, batches per rank, UTD, optimiser
+steps in total, the replay's memory (bytes per transition measured on one copy of the env) against this machine's
+memory; then, from rates measured here (:mod:`offpolicy.rates`), the time of one round for collectors, replay writes
+and learners, which of them bounds the round, and the predicted wall time of the prefill and of the whole run.
+Hardware this machine lacks (GPU collectors and learners, NCCL) is scaled from the measured CPU figures by the
+factors in :data:`ESTIMATES`, each printed with its source. The last line is the plan as JSON.
 """
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import psutil
 from omegaconf import DictConfig
@@ -15,7 +19,7 @@ from omegaconf import DictConfig
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
 from offpolicy.envs import make_train_env
 from offpolicy.replay import optim_steps_per_batch
-from shared.config import help_text, run_cli
+from shared.config import ConfigError, help_text, run_cli
 
 USAGE = "usage: python -m offpolicy.plan [algo=dqn|sac|ddpg|td3] profile=NAME [key=value ...]"
 
@@ -65,12 +69,130 @@ def make_plan(cfg: DictConfig) -> dict:
         "replay_fits_here": replay_bytes < memory.available,
         "evaluations": cfg.total_env_steps // cfg.eval.interval_env_steps if cfg.eval.interval_env_steps else 0,
         "eval_episodes": cfg.eval.episodes, "eval_max_episode_steps": cfg.eval.max_episode_steps,
+        "final_eval_episodes": cfg.eval.final_episodes, "backend": cfg.env.backend, "threads": cfg.threads,
+        "collector_cpus": cfg.ray.collector_cpus if ray else cfg.threads,
+        "collector_gpus": cfg.ray.collector_gpus if ray else 0, "learner_gpus": cfg.ray.learner_gpus if ray else 0,
     }
     if ray:
         from offpolicy.engines.ray import ray_resources
 
         plan["resources"] = ray_resources(cfg)
     return plan
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A factor for hardware this machine lacks, with where it comes from."""
+
+    value: float
+    source: str
+
+
+H200_FP32_FLOPS = 67e12
+ESTIMATES = {
+    "gpu_utilisation": Estimate(0.3, "assumed share of the H200's 67 TFLOPS fp32 (NVIDIA H200 datasheet) that MLP "
+                                     "updates and policy forwards of these sizes reach"),
+    "gpu_update_floor_s": Estimate(2e-3, "assumed: ~200 CUDA kernel launches of ~10 us per torchrl loss "
+                                         "forward+backward+Adam step, without CUDA graphs"),
+    "gpu_forward_floor_s": Estimate(2e-4, "assumed: ~20 kernel launches of ~10 us per policy forward"),
+    "nccl_bytes_per_s": Estimate(100e9, "assumed all-reduce bus bandwidth over NVLink (H200 NVLink is 900 GB/s "
+                                        "peak; NCCL tests reach a fraction at these message sizes)"),
+    "nccl_latency_s": Estimate(3e-5, "assumed latency of one NCCL all-reduce within a node"),
+    "gloo_bytes_per_s": Estimate(2e9, "assumed Gloo all-reduce bandwidth over loopback TCP on one machine"),
+    "ray_round_factor": Estimate(1 / 0.76, "measured: the Ray engine (1 collector, 1 rank) ran SAC at 0.73-0.79x "
+                                           "the local engine here (benchmarks/ray_vs_local.py, README)"),
+    "envpool_core_scaling": Estimate(1.0, "assumed: envpool's thread pool steps scale linearly with cores (the "
+                                          "envpool paper, Weng et al. 2022, reports near-linear scaling)"),
+}
+
+
+def predict(plan: dict, rates: dict, estimates: dict[str, Estimate] = ESTIMATES) -> dict:
+    """Per-round times (collect, replay write, learn), the bound, and predicted wall time of the prefill and the whole
+    run, from the plan's counts and the measured ``rates`` (:class:`offpolicy.rates.Rates` as a dict). Figures for
+    hardware this machine lacks use ``estimates`` and are listed under ``"estimated"``."""
+    est = {k: e.value for k, e in estimates.items()}
+    used: list[str] = []
+    n, b = plan["envs_per_collector"], rates["collector_batch"]
+    per_env = n / b  # a collector step of n envs costs per_env times the measured one of b envs
+    policy_s, step_s = rates["policy_forward_s"], rates["collector_step_s"]
+    gpu_factor = est["gpu_utilisation"] * H200_FP32_FLOPS / rates["matmul_flops"]
+    if plan["collector_gpus"] > 0:  # the policy runs on the collector's GPU, the envs on its CPUs
+        gpu_policy_s = max(policy_s * per_env / gpu_factor, est["gpu_forward_floor_s"])
+        used += ["gpu_utilisation", "gpu_forward_floor_s"]
+        step_s, policy_s = (step_s - policy_s) * per_env, gpu_policy_s
+    else:
+        step_s, policy_s = (step_s - policy_s) * per_env, policy_s * per_env
+    if plan["backend"] == "envpool" and plan["collector_cpus"] > rates["threads"]:
+        step_s *= rates["threads"] / (plan["collector_cpus"] * est["envpool_core_scaling"])
+        used.append("envpool_core_scaling")
+    collector_step_s = step_s + policy_s
+    steps_per_round = plan["env_steps_per_collector_round"] / n  # collectors step in parallel
+    collect_s = steps_per_round * collector_step_s
+    write_s = plan["env_steps_per_round"] * rates["replay_write_s"]
+    update_s = rates["update_s"]
+    if plan["learner_gpus"] > 0:
+        update_s = max(update_s / gpu_factor, est["gpu_update_floor_s"])
+        used += ["gpu_utilisation", "gpu_update_floor_s"]
+    if plan["learner_ranks"] > 1:
+        nccl = plan["learner_backend"] == "nccl"
+        moved = 2 * rates["param_bytes"] * (plan["learner_ranks"] - 1) / plan["learner_ranks"]
+        update_s += moved / est["nccl_bytes_per_s" if nccl else "gloo_bytes_per_s"] + (est["nccl_latency_s"] if
+                                                                                        nccl else 0.0)
+        used += ["nccl_bytes_per_s", "nccl_latency_s"] if nccl else ["gloo_bytes_per_s"]
+    learn_s = plan["optim_steps_per_round"] * update_s
+    overhead = 1.0
+    if plan["engine"] == "ray":
+        overhead = est["ray_round_factor"]
+        used.append("ray_round_factor")
+    parts = {"collect": collect_s, "replay_write": write_s, "learn": learn_s}
+    round_s = sum(parts.values()) * overhead  # the loop collects, writes, then learns, one after the other
+    prefill_round_s = (collect_s + write_s) * overhead
+    learning_rounds = plan["rounds"] - plan["prefill_rounds"]
+    episodes = plan["evaluations"] * plan["eval_episodes"] + plan["final_eval_episodes"]
+    eval_s = episodes * plan["eval_max_episode_steps"] * rates["eval_step_s"]  # upper bound: full-length episodes
+    setup_s = rates["setup_s"] * max(per_env, 1.0)
+    prefill_s = plan["prefill_rounds"] * prefill_round_s
+    total_s = setup_s + prefill_s + learning_rounds * round_s + eval_s
+    return {
+        "collector_step_s": collector_step_s, "round_s": round_s, "round_parts_s": parts,
+        "bound": max(parts, key=parts.get), "prefill_s": prefill_s, "learning_s": learning_rounds * round_s,
+        "eval_s": eval_s, "setup_s": setup_s, "total_s": total_s, "extrapolated": n > b,
+        "estimated": {k: {"value": estimates[k].value, "source": estimates[k].source} for k in dict.fromkeys(used)},
+    }
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def describe_timing(plan: dict, rates: dict, timing: dict) -> list[str]:
+    """The measured rates and the prediction as lines for people."""
+    t, parts = timing, timing["round_parts_s"]
+    lines = ["measured here (s): " + ", ".join(
+        f"{name} {rates[key]:.3g}" for name, key in (("collector step", "collector_step_s"),
+                                                    ("policy forward", "policy_forward_s"),
+                                                    ("replay write per transition", "replay_write_s"),
+                                                    ("learner update", "update_s"), ("eval step", "eval_step_s"),
+                                                    ("setup", "setup_s")))
+             + f" (collector batch {rates['collector_batch']:,}, update batch {rates['update_batch']:,}, "
+               f"{rates['threads']} threads, matmul {rates['matmul_flops'] / 1e9:.0f} GFLOP/s)"]
+    for backend, table in rates["env_step_s"].items():
+        lines.append(f"env step, {backend}: " + ", ".join(
+            f"batch {n:,} {s * 1e3:.3g} ms ({s / n * 1e6:.3g} us/env)" for n, s in table.items()))
+    lines += [
+        f"round: collect {_duration(parts['collect'])} + replay write {_duration(parts['replay_write'])} + learn "
+        f"{_duration(parts['learn'])} = {_duration(t['round_s'])}; bound by {t['bound']}"
+        + (" (collector step extrapolated per env from the measured batch)" if t["extrapolated"] else ""),
+        f"predicted wall time: setup {_duration(t['setup_s'])} + prefill {_duration(t['prefill_s'])} + learning "
+        f"{_duration(t['learning_s'])} + evaluation <= {_duration(t['eval_s'])} = {_duration(t['total_s'])}",
+    ]
+    for name, e in t["estimated"].items():
+        lines.append(f"  estimate {name} = {e['value']:g}: {e['source']}")
+    return lines
 
 
 def _gib(n: float) -> str:
@@ -106,11 +228,39 @@ def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help", "help") for a in argv):
         print(help_text(CONFIG_DIR, USAGE, ALIASES, GROUPS))
         return 0
+    measure_rates = True
+    if any(a.startswith("measure=") for a in argv):
+        value = next(a for a in argv if a.startswith("measure=")).split("=", 1)[1]
+        if value not in ("true", "false"):
+            raise ConfigError(f"measure={value!r} is not allowed; allowed: true, false")
+        measure_rates, argv = value == "true", [a for a in argv if not a.startswith("measure=")]
     cfg, _ = compose_config(argv)
     plan = make_plan(cfg)
     print("\n".join(describe(plan)))
+    if measure_rates:
+        from offpolicy.rates import measure
+
+        rates = measure(cfg, backends=available_backends(cfg)).as_dict()
+        timing = predict(plan, rates)
+        print("\n".join(describe_timing(plan, rates, timing)))
+        plan.update(rates=rates, timing=timing)
     print(json.dumps(plan))
     return 0
+
+
+def available_backends(cfg: DictConfig) -> tuple[str, ...]:
+    """The env backends that can step this run's env here (the env-step table measures each)."""
+    from shared.backends import ENV_BACKENDS, check_backend
+
+    usable = []
+    for backend in ENV_BACKENDS:
+        try:
+            if backend != "gymnasium":
+                check_backend(backend, cfg.env.name)
+            usable.append(backend)
+        except ConfigError:
+            continue
+    return tuple(usable) if cfg.env.backend == "gymnasium" or cfg.env.backend in usable else (cfg.env.backend,)
 
 
 if __name__ == "__main__":

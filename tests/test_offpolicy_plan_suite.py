@@ -55,11 +55,28 @@ def test_plan_rejects_a_broken_invariant():
 
 
 def test_plan_prints_lines_and_json():
-    result = run_module("offpolicy.plan", "algo=dqn", "profile=smoke", timeout=60)
+    result = run_module("offpolicy.plan", "algo=dqn", "profile=smoke", timeout=180)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[0] == "dqn on CartPole-v1, engine local"
-    assert json.loads(lines[-1])["optim_steps_total"] == 2 * 50
+    plan = json.loads(lines[-1])
+    assert plan["optim_steps_total"] == 2 * 50
+    rates, timing = plan["rates"], plan["timing"]
+    assert set(rates["env_step_s"]) == {"gymnasium", "envpool"}  # mujoco_torch cannot run here
+    assert all(set(t) == {"1", "64", "1024"} and min(t.values()) > 0 for t in rates["env_step_s"].values())
+    assert rates["collector_batch"] == 1 and rates["update_batch"] == 32 and rates["update_s"] > 0
+    assert timing["bound"] in ("collect", "replay_write", "learn") and timing["total_s"] > timing["learning_s"] > 0
+    assert any(line.startswith("predicted wall time:") for line in lines)
+    assert any(line.startswith("env step, envpool: batch 1 ") for line in lines)
+
+
+def test_plan_without_measuring():
+    result = run_module("offpolicy.plan", "algo=dqn", "profile=smoke", "measure=false", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "timing" not in json.loads(result.stdout.strip().splitlines()[-1])
+    bad = run_module("offpolicy.plan", "algo=dqn", "measure=maybe", timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == \
+        "error: measure='maybe' is not allowed; allowed: true, false"
 
 
 def test_suite_records_every_failure(tmp_path):
@@ -73,3 +90,47 @@ def test_suite_records_every_failure(tmp_path):
     assert sac["exit_code"] == 2 and sac["error"].startswith("error: env.name='CartPole-v1' has no bounded")
     assert sac["summary"] is None
     assert dqn["ok"] and dqn["summary"]["status"] == "completed" and dqn["summary"]["env_steps"] == 300
+
+
+PLAN = {"envs_per_collector": 100, "env_steps_per_collector_round": 1000, "env_steps_per_round": 1000, "rounds": 10,
+        "prefill_rounds": 2, "optim_steps_per_round": 50, "evaluations": 2, "eval_episodes": 3,
+        "final_eval_episodes": 1, "eval_max_episode_steps": 200, "learner_ranks": 1, "learner_backend": "local",
+        "engine": "local", "backend": "gymnasium", "collector_cpus": 2, "collector_gpus": 0, "learner_gpus": 0}
+RATES = {"collector_batch": 100, "collector_step_s": 0.01, "policy_forward_s": 0.002, "replay_write_s": 1e-5,
+         "update_s": 0.02, "eval_step_s": 0.001, "setup_s": 1.5, "matmul_flops": 1e11, "threads": 2,
+         "param_bytes": 1_000_000}
+
+
+def test_prediction_arithmetic_from_given_rates():
+    from offpolicy.plan import predict
+
+    t = predict(PLAN, RATES)
+    # 10 collector steps of 0.01 s, 1,000 writes of 10 us, 50 updates of 20 ms
+    assert t["round_parts_s"] == pytest.approx({"collect": 0.1, "replay_write": 0.01, "learn": 1.0})
+    assert t["round_s"] == pytest.approx(1.11) and t["bound"] == "learn"
+    assert t["prefill_s"] == pytest.approx(2 * 0.11) and t["learning_s"] == pytest.approx(8 * 1.11)
+    assert t["eval_s"] == pytest.approx((2 * 3 + 1) * 200 * 0.001)
+    assert t["total_s"] == pytest.approx(1.5 + 0.22 + 8.88 + 1.4)
+    assert t["estimated"] == {} and not t["extrapolated"]
+
+
+def test_prediction_scales_absent_hardware_by_stated_factors():
+    from offpolicy.plan import ESTIMATES, H200_FP32_FLOPS, predict
+
+    plan = {**PLAN, "envs_per_collector": 25_000, "env_steps_per_collector_round": 25_000,
+            "env_steps_per_round": 100_000, "engine": "ray", "backend": "envpool", "collector_cpus": 8,
+            "collector_gpus": 1, "learner_gpus": 1, "learner_ranks": 4, "learner_backend": "nccl"}
+    t = predict(plan, RATES)
+    e = {k: v.value for k, v in ESTIMATES.items()}
+    gpu = e["gpu_utilisation"] * H200_FP32_FLOPS / RATES["matmul_flops"]
+    env_part = (0.01 - 0.002) * 250 * 2 / 8  # per env from batch 100 to 25,000; envpool on 8 cores instead of 2
+    policy = max(0.002 * 250 / gpu, e["gpu_forward_floor_s"])
+    assert t["collector_step_s"] == pytest.approx(env_part + policy) and t["extrapolated"]
+    update = max(0.02 / gpu, e["gpu_update_floor_s"]) + 2 * 1e6 * 3 / 4 / e["nccl_bytes_per_s"] + e["nccl_latency_s"]
+    assert t["round_parts_s"]["learn"] == pytest.approx(50 * update)
+    assert t["round_parts_s"]["collect"] == pytest.approx(env_part + policy)  # one step of every env per round
+    parts = t["round_parts_s"]
+    assert t["round_s"] == pytest.approx(sum(parts.values()) * e["ray_round_factor"])
+    assert set(t["estimated"]) == {"gpu_utilisation", "gpu_forward_floor_s", "gpu_update_floor_s",
+                                   "envpool_core_scaling", "nccl_bytes_per_s", "nccl_latency_s", "ray_round_factor"}
+    assert all(v["source"] for v in t["estimated"].values())
