@@ -68,6 +68,7 @@ def make_plan(cfg: DictConfig) -> dict:
         "memory_total_bytes": memory.total, "memory_available_bytes": memory.available,
         "replay_fits_here": replay_bytes < memory.available,
         "evaluations": cfg.total_env_steps // cfg.eval.interval_env_steps if cfg.eval.interval_env_steps else 0,
+        "eval_interval_env_steps": cfg.eval.interval_env_steps,
         "eval_episodes": cfg.eval.episodes, "eval_max_episode_steps": cfg.eval.max_episode_steps,
         "final_eval_episodes": cfg.eval.final_episodes, "backend": cfg.env.backend, "threads": cfg.threads,
         "collector_cpus": cfg.ray.collector_cpus if ray else cfg.threads,
@@ -122,8 +123,8 @@ def predict(plan: dict, rates: dict, estimates: dict[str, Estimate] = ESTIMATES)
         step_s, policy_s = (step_s - policy_s) * per_env, gpu_policy_s
     else:
         step_s, policy_s = (step_s - policy_s) * per_env, policy_s * per_env
-    if plan["backend"] == "envpool" and plan["collector_cpus"] > rates["threads"]:
-        step_s *= rates["threads"] / (plan["collector_cpus"] * est["envpool_core_scaling"])
+    if plan["backend"] == "envpool" and plan["collector_cpus"] > rates["cores"]:
+        step_s *= rates["cores"] / (plan["collector_cpus"] * est["envpool_core_scaling"])
         used.append("envpool_core_scaling")
     collector_step_s = step_s + policy_s
     steps_per_round = plan["env_steps_per_collector_round"] / n  # collectors step in parallel
@@ -148,15 +149,21 @@ def predict(plan: dict, rates: dict, estimates: dict[str, Estimate] = ESTIMATES)
     round_s = sum(parts.values()) * overhead  # the loop collects, writes, then learns, one after the other
     prefill_round_s = (collect_s + write_s) * overhead
     learning_rounds = plan["rounds"] - plan["prefill_rounds"]
-    episodes = plan["evaluations"] * plan["eval_episodes"] + plan["final_eval_episodes"]
-    eval_s = episodes * plan["eval_max_episode_steps"] * rates["eval_step_s"]  # upper bound: full-length episodes
+    # evaluations play full-length episodes at most; background ones overlap training (a thread on weight
+    # snapshots, which keeps only the newest request), the final one comes after it
+    episode_s = plan["eval_max_episode_steps"] * rates["eval_step_s"]
+    eval_s = plan["eval_episodes"] * episode_s
+    between_evals_s = plan["eval_interval_env_steps"] / plan["env_steps_per_round"] * round_s
+    final_eval_s = plan["final_eval_episodes"] * episode_s
     setup_s = rates["setup_s"] * max(per_env, 1.0)
     prefill_s = plan["prefill_rounds"] * prefill_round_s
-    total_s = setup_s + prefill_s + learning_rounds * round_s + eval_s
+    total_s = setup_s + prefill_s + learning_rounds * round_s + final_eval_s
     return {
         "collector_step_s": collector_step_s, "round_s": round_s, "round_parts_s": parts,
         "bound": max(parts, key=parts.get), "prefill_s": prefill_s, "learning_s": learning_rounds * round_s,
-        "eval_s": eval_s, "setup_s": setup_s, "total_s": total_s, "extrapolated": n > b,
+        "eval_s": eval_s, "between_evals_s": between_evals_s,
+        "evals_keep_up": not plan["evaluations"] or eval_s <= between_evals_s,
+        "final_eval_s": final_eval_s, "setup_s": setup_s, "total_s": total_s, "extrapolated": n > b,
         "estimated": {k: {"value": estimates[k].value, "source": estimates[k].source} for k in dict.fromkeys(used)},
     }
 
@@ -188,8 +195,13 @@ def describe_timing(plan: dict, rates: dict, timing: dict) -> list[str]:
         f"{_duration(parts['learn'])} = {_duration(t['round_s'])}; bound by {t['bound']}"
         + (" (collector step extrapolated per env from the measured batch)" if t["extrapolated"] else ""),
         f"predicted wall time: setup {_duration(t['setup_s'])} + prefill {_duration(t['prefill_s'])} + learning "
-        f"{_duration(t['learning_s'])} + evaluation <= {_duration(t['eval_s'])} = {_duration(t['total_s'])}",
+        f"{_duration(t['learning_s'])} + final evaluation <= {_duration(t['final_eval_s'])} = "
+        f"{_duration(t['total_s'])}",
     ]
+    if plan["evaluations"]:
+        lines.append(f"background evaluation: <= {_duration(t['eval_s'])} each, every {_duration(t['between_evals_s'])}"
+                     + ("" if t["evals_keep_up"] else " (does not keep up: the evaluator keeps only the newest "
+                                                      "request, so some evaluations are skipped)"))
     for name, e in t["estimated"].items():
         lines.append(f"  estimate {name} = {e['value']:g}: {e['source']}")
     return lines

@@ -5,6 +5,7 @@ fit here (then marked ``extrapolated``)."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -33,7 +34,8 @@ class Rates:
     setup_s: float = 0.0  # building the training env, the parts and the collector at the run's size
     param_bytes: int = 0  # trainable parameters, what learner ranks all-reduce every step
     matmul_flops: float = 0.0  # fp32 matmul throughput here (the reference for GPU factors)
-    threads: int = 1
+    threads: int = 1  # torch threads
+    cores: int = 1  # this machine's cores: envpool's thread pool has one thread per core
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -91,9 +93,7 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 
     torch.set_num_threads(cfg.threads)
-    rates = Rates(threads=cfg.threads, matmul_flops=matmul_flops())
-    if backends:
-        rates.env_step_s = env_step_table(cfg, backends)
+    rates = Rates(threads=cfg.threads, cores=os.cpu_count() or 1, matmul_flops=matmul_flops())
     n = min(cfg.env.num_envs, MAX_MEASURED_ENVS)
     ray = cfg.engine == "ray"
     world, collectors = (cfg.ray.world_size, cfg.ray.num_collectors) if ray else (1, 1)
@@ -128,7 +128,7 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
         rates.param_bytes = sum(p.numel() * p.element_size() for opt in parts.optimizers.values()
                                 for group in opt.param_groups for p in group["params"])
         k = max(min(round(cfg.optim.utd_ratio * round_size), SAMPLE_CHUNK), 1)  # steps per call, as in a round
-        rates.update_s = _timed(lambda: learner.update(replay, k, version)) / k
+        rates.update_s = _timed(lambda: learner.update(replay, k, version), min_reps=3) / k
     finally:
         collector.shutdown()
     eval_env = make_eval_env(run)
@@ -141,4 +141,6 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
         rates.eval_step_s = _timed(eval_step)
     finally:
         eval_env.close()
+    if backends:  # last: building 1,024 Gymnasium copies first slowed the learner update measured after it by ~1.8x
+        rates.env_step_s = env_step_table(cfg, backends)
     return rates

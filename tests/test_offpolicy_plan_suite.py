@@ -94,10 +94,10 @@ def test_suite_records_every_failure(tmp_path):
 
 PLAN = {"envs_per_collector": 100, "env_steps_per_collector_round": 1000, "env_steps_per_round": 1000, "rounds": 10,
         "prefill_rounds": 2, "optim_steps_per_round": 50, "evaluations": 2, "eval_episodes": 3,
-        "final_eval_episodes": 1, "eval_max_episode_steps": 200, "learner_ranks": 1, "learner_backend": "local",
+        "final_eval_episodes": 1, "eval_max_episode_steps": 200, "eval_interval_env_steps": 5000, "learner_ranks": 1, "learner_backend": "local",
         "engine": "local", "backend": "gymnasium", "collector_cpus": 2, "collector_gpus": 0, "learner_gpus": 0}
 RATES = {"collector_batch": 100, "collector_step_s": 0.01, "policy_forward_s": 0.002, "replay_write_s": 1e-5,
-         "update_s": 0.02, "eval_step_s": 0.001, "setup_s": 1.5, "matmul_flops": 1e11, "threads": 2,
+         "update_s": 0.02, "eval_step_s": 0.001, "setup_s": 1.5, "matmul_flops": 1e11, "threads": 1, "cores": 2,
          "param_bytes": 1_000_000}
 
 
@@ -109,9 +109,12 @@ def test_prediction_arithmetic_from_given_rates():
     assert t["round_parts_s"] == pytest.approx({"collect": 0.1, "replay_write": 0.01, "learn": 1.0})
     assert t["round_s"] == pytest.approx(1.11) and t["bound"] == "learn"
     assert t["prefill_s"] == pytest.approx(2 * 0.11) and t["learning_s"] == pytest.approx(8 * 1.11)
-    assert t["eval_s"] == pytest.approx((2 * 3 + 1) * 200 * 0.001)
-    assert t["total_s"] == pytest.approx(1.5 + 0.22 + 8.88 + 1.4)
+    assert t["eval_s"] == pytest.approx(3 * 200 * 0.001)  # one background evaluation: 3 full-length episodes
+    assert t["between_evals_s"] == pytest.approx(5 * 1.11) and t["evals_keep_up"]
+    assert t["final_eval_s"] == pytest.approx(200 * 0.001)  # background ones overlap training, the final one not
+    assert t["total_s"] == pytest.approx(1.5 + 0.22 + 8.88 + 0.2)
     assert t["estimated"] == {} and not t["extrapolated"]
+    assert not predict({**PLAN, "eval_episodes": 30}, RATES)["evals_keep_up"]  # 6 s per evaluation, every 5.55 s
 
 
 def test_prediction_scales_absent_hardware_by_stated_factors():
@@ -123,7 +126,7 @@ def test_prediction_scales_absent_hardware_by_stated_factors():
     t = predict(plan, RATES)
     e = {k: v.value for k, v in ESTIMATES.items()}
     gpu = e["gpu_utilisation"] * H200_FP32_FLOPS / RATES["matmul_flops"]
-    env_part = (0.01 - 0.002) * 250 * 2 / 8  # per env from batch 100 to 25,000; envpool on 8 cores instead of 2
+    env_part = (0.01 - 0.002) * 250 * 2 / 8  # per env from batch 100 to 25,000; envpool on 8 cores, not this 2
     policy = max(0.002 * 250 / gpu, e["gpu_forward_floor_s"])
     assert t["collector_step_s"] == pytest.approx(env_part + policy) and t["extrapolated"]
     update = max(0.02 / gpu, e["gpu_update_floor_s"]) + 2 * 1e6 * 3 / 4 / e["nccl_bytes_per_s"] + e["nccl_latency_s"]
