@@ -48,6 +48,7 @@ def main(argv: list[str]) -> None:
                     "logger.progress_bar=false"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
+    (run_dir / "plan.json").write_text(json.dumps(plan, indent=2))  # the prediction beside the run it predicted
     summary = json.loads((run_dir / "summary.json").read_text())
     _, collect_rate = read_scalars(run_dir, "collector/env_steps_per_s")
     _, update_rate = read_scalars(run_dir, "time/updates_per_s")

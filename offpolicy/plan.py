@@ -216,7 +216,7 @@ def describe(plan: dict) -> list[str]:
     p = plan
     lines = [
         f"{p['algo']} on {p['env']}, engine {p['engine']}",
-        f"collectors: {p['collectors']} x {p['envs_per_collector']:,} envs = {p['envs']:,} envs; "
+        f"collectors: {p['collectors']} x {p['envs_per_collector']:,} envs ({p['backend']}) = {p['envs']:,} envs; "
         f"{p['env_steps_per_round']:,} transitions per round ({p['env_steps_per_collector_round']:,} per collector)",
         f"transitions: {p['transitions']:,} in {p['rounds']:,} rounds = {p['transitions_per_env']:,.0f} per env; "
         f"prefill {p['prefill_env_steps']:,} ({p['prefill_rounds']:,} rounds without optimiser steps)",
