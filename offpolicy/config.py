@@ -126,14 +126,15 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     steps = cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch
     if abs(steps - round(steps)) > 1e-6 or round(steps) < 1:
         raise ConfigError(f"optim.utd_ratio={cfg.optim.utd_ratio} gives {steps:g} optimiser steps per batch of "
-                          f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch}; allowed: a utd_ratio that "
-                          "makes it a positive integer")
+                          f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch}; allowed: a utd_ratio "
+                          "that makes it a positive integer")
     if cfg.collector.env_steps_per_batch % cfg.env.num_envs:
-        raise ConfigError(f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch} is not allowed; allowed: a "
-                          f"multiple of env.num_envs={cfg.env.num_envs}")
+        raise ConfigError(f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch} is not allowed; "
+                          f"allowed: a multiple of env.num_envs={cfg.env.num_envs}")
     if not cfg.optim.batch_size <= max(cfg.collector.prefill_env_steps, cfg.collector.env_steps_per_batch):
         raise ConfigError(f"optim.batch_size={cfg.optim.batch_size} is not allowed; allowed: <= "
-                          "max(collector.prefill_env_steps, collector.env_steps_per_batch), so the first sample can be drawn")
+                          "max(collector.prefill_env_steps, collector.env_steps_per_batch), so the first sample can be "
+                          "drawn")
     if cfg.replay.slice_len and cfg.optim.batch_size % cfg.replay.slice_len:
         raise ConfigError(f"replay.slice_len={cfg.replay.slice_len} is not allowed; allowed: a divisor of "
                           f"optim.batch_size={cfg.optim.batch_size} (each step replays batch_size transitions)")
@@ -186,8 +187,8 @@ def _check_ray(cfg: DictConfig) -> None:
                           f"ray.world_size={ray_cfg.world_size} (the global batch is split evenly over the ranks)")
     per_round = ray_cfg.num_collectors * cfg.env.num_envs
     if cfg.collector.env_steps_per_batch % per_round:
-        raise ConfigError(f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch} is not allowed; allowed: a "
-                          f"multiple of ray.num_collectors * env.num_envs = {per_round}")
+        raise ConfigError(f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch} is not allowed; "
+                          f"allowed: a multiple of ray.num_collectors * env.num_envs = {per_round}")
     if ray_cfg.backend == "nccl" and (ray_cfg.learner_gpus < 1 or not float(ray_cfg.learner_gpus).is_integer()):
         raise ConfigError(f"ray.learner_gpus={ray_cfg.learner_gpus} is not allowed with ray.backend=nccl; allowed: a "
                           "whole number >= 1 (NCCL needs one GPU per rank)")

@@ -35,7 +35,8 @@ def _pixels(cfg: DictConfig) -> dict:
 
 def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: int | None = None):
     """The training env: ``cfg.env.num_envs`` copies stepped together (by a batched simulator, ``env.backend``, or
-    as Gymnasium copies in this process or one process each, ``env.vector``), seeded with ``seed`` (default ``cfg.seed``; a resumed run passes a new one); with
+    as Gymnasium copies in this process or one process each, ``env.vector``), seeded with ``seed`` (default
+    ``cfg.seed``; a resumed run passes a new one); with
     ``env.obs_norm`` observations are standardised with statistics
     from ``obs_norm_state`` (a resumed run's) or from ``env.obs_norm_init_steps`` random-action steps."""
     from torchrl.envs import (Compose, DoubleToFloat, InitTracker, ParallelEnv, RewardSum, SerialEnv, StepCounter,

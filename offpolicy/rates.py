@@ -102,7 +102,8 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
     t = max(min(round_size // collectors // cfg.env.num_envs, MAX_BATCH_STEPS), 1)  # steps per measured batch
     write_size = min(round_size, MAX_WRITE)
     run = _with(cfg, **{"env.num_envs": n, "optim.batch_size": per_rank, "replay.storage": "memory",
-                        "replay.size": max(2 * per_rank, 2 * write_size, t * n), "collector.env_steps_per_batch": t * n})
+                        "replay.size": max(2 * per_rank, 2 * write_size, t * n),
+                        "collector.env_steps_per_batch": t * n})
     start = time.perf_counter()
     env = make_train_env(run)
     parts = build_parts(run, env)

@@ -116,9 +116,10 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
                 engine.restore_replay(checkpoint["replay"])
             engine.restore(checkpoint["learner"], version=progress.batches)
             torch.set_rng_state(checkpoint["rng"])
+        per_batch = cfg.collector.env_steps_per_batch
         print(f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser "
-              f"steps per collected transition = {round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)} steps "
-              f"per {cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
+              f"steps per collected transition = {round(cfg.optim.utd_ratio * per_batch)} steps "
+              f"per {per_batch}-transition batch, batch size {cfg.optim.batch_size} "
               f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
               f"{cfg.collector.prefill_env_steps} env steps; run dir {run_dir}"
               + (f"; resumed at {progress.env_steps} env steps" if checkpoint is not None else ""), flush=True)
