@@ -122,7 +122,7 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
                               "Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5)")
     else:
         check_gym_name(cfg.env.name)
-    _check_backend(cfg)
+    check_env_backend(cfg)
     steps = cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch
     if abs(steps - round(steps)) > 1e-6 or round(steps) < 1:
         raise ConfigError(f"optim.utd_ratio={cfg.optim.utd_ratio} gives {steps:g} optimiser steps per batch of "
@@ -156,8 +156,9 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     return cfg, checkpoint
 
 
-def _check_backend(cfg: DictConfig) -> None:
-    """The chosen env backend can run this env here (checked before anything is built or written)."""
+def check_env_backend(cfg: DictConfig) -> None:
+    """``env.backend`` can step this run's env here (checked before anything is built or written); a ConfigError
+    otherwise."""
     backend = cfg.env.backend
     if backend == "gymnasium":
         return

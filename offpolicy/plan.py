@@ -262,18 +262,19 @@ def main(argv: list[str]) -> int:
 
 def available_backends(cfg: DictConfig) -> tuple[str, ...]:
     """The env backends that can step this run's env here (the env-step table measures each)."""
-    from shared.backends import ENV_BACKENDS, check_backend
+    from omegaconf import OmegaConf
+
+    from offpolicy.config import check_env_backend
+    from shared.backends import ENV_BACKENDS
 
     usable = []
     for backend in ENV_BACKENDS:
         try:
-            if backend != "gymnasium":
-                check_backend(backend, cfg.env.name)
-            usable.append(backend)
+            check_env_backend(OmegaConf.merge(cfg, {"env": {"backend": backend}}))
         except ConfigError:
             continue
-    return tuple(usable) if cfg.env.backend == "gymnasium" or cfg.env.backend in usable else (cfg.env.backend,)
-
+        usable.append(backend)
+    return tuple(usable)
 
 if __name__ == "__main__":
     run_cli(main)

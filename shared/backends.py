@@ -45,8 +45,9 @@ def check_backend(backend: str, name: str) -> None:
 
 
 def make_batched_env(backend: str, name: str, num_envs: int, seed: int):
-    """``num_envs`` copies of ``name`` stepped by ``backend`` (envpool or mujoco_torch) as one torchrl env."""
-    check_backend(backend, name)
+    """``num_envs`` copies of ``name`` stepped by ``backend`` (envpool or mujoco_torch) as one torchrl env; the config
+    has passed :func:`check_backend` (``offpolicy.config``), so this builds without checking again (Ray collector
+    actors build theirs too)."""
     if backend == "envpool":
         return EnvPoolEnv(name, num_envs, seed)
     from mujoco_torch.zoo import ENVS

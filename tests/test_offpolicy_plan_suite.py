@@ -137,3 +137,11 @@ def test_prediction_scales_absent_hardware_by_stated_factors():
     assert set(t["estimated"]) == {"gpu_utilisation", "gpu_forward_floor_s", "gpu_update_floor_s",
                                    "envpool_core_scaling", "nccl_bytes_per_s", "nccl_latency_s", "ray_round_factor"}
     assert all(v["source"] for v in t["estimated"].values())
+
+
+def test_env_step_table_only_measures_backends_that_can_run_the_env():
+    from offpolicy.plan import available_backends
+
+    assert available_backends(compose_config(["algo=sac"])[0]) == ("gymnasium", "envpool")
+    for args in (["algo=dqn", "env=Pong"], ["algo=sac", "env.from_pixels=true"]):
+        assert available_backends(compose_config(args)[0]) == ("gymnasium",)  # envpool has no ALE/pixels path here
