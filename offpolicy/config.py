@@ -23,6 +23,7 @@ RENAMED = {"total_frames": "total_env_steps", "collector.frames_per_batch": "col
            "dqn.eps_anneal_frames": "dqn.eps_anneal_env_steps", "td3.anneal_frames": "td3.anneal_env_steps",
            "ddpg.anneal_frames": "ddpg.anneal_env_steps"}
 GROUPS = (Group("algo", may_add_keys=True), Group("profile"))
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 
 
 def _positive_ints(key):
@@ -73,6 +74,7 @@ RULES = {
     "logger.interval_s": Rule(min=0),
     "checkpoint.interval_s": Rule(min=0),
     "invariants.check_every": Rule(min=1, integer=True),
+    "compile.mode": Rule(choices=COMPILE_MODES, nullable=True),
     "optim.replay_ratio": Rule(min=1e-12, nullable=True),
     "engine": Rule(choices=("local", "ray")),
     "ray.num_cpus": Rule(min=1, integer=True, nullable=True),
@@ -151,6 +153,10 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if cfg.optim.replay_ratio is not None and abs(ratio - cfg.optim.replay_ratio) > 1e-6 * ratio:
         raise ConfigError(f"optim.replay_ratio={cfg.optim.replay_ratio} is not allowed; allowed: optim.batch_size * "
                           f"optim.utd_ratio = {ratio:g} (or null)")
+    if cfg.compile.cudagraphs and not (cfg.compile.enabled and cfg.engine == "ray" and cfg.ray.backend == "nccl"
+                                       and cfg.ray.world_size == 1):
+        raise ConfigError("compile.cudagraphs=true is not allowed here; allowed: with compile.enabled=true on a CUDA "
+                          "learner (engine=ray ray.backend=nccl ray.world_size=1)")
     if cfg.engine == "ray":
         _check_ray(cfg)
     return cfg, checkpoint

@@ -5,10 +5,18 @@ ranks with ``torch.distributed``).
 One step: sample, check the sample (shape, keys, no transition from a policy newer than the learner's), forward the
 torchrl loss, one backward of the due optimisers' terms, each due optimiser clips its own gradients to its own norm
 and steps, the target networks move, and the TD error is written back as the replay priority (prioritized replay).
+
+With ``compile.enabled`` the step's tensor work (loss, backward, clips, optimiser steps, soft target update) runs
+under ``torch.compile``, one compiled function per kind of step (TD3: critic only, or critic + actor + targets), and
+with ``compile.cudagraphs`` replayed as a CUDA graph (tensordict's ``CudaGraphModule``). Recompilations after the
+warm-up steps are counted (:attr:`Learner.recompiles`).
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+from math import lcm
+from typing import Callable
 
 import torch
 from tensordict import TensorDictBase
@@ -16,11 +24,23 @@ from tensordict import TensorDictBase
 from offpolicy.invariants import InvariantError, check_sample_batch
 from offpolicy.metrics import action_stats
 from offpolicy.updates import OptimGroup, TargetUpdate
+from shared import compat
 
 # Uniform samples of a round are drawn this many batches per replay call and split: the same i.i.d. draws as one
 # call per batch (replay does not change during a round's updates), minus most of the per-call cost (~0.6 ms in
 # process, ~10 ms from a Ray rank to the replay actor).
 SAMPLE_CHUNK = 32
+IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")  # how an optimiser steps, not what it learned
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """The ``compile`` config section: ``torch.compile`` of the learner step (``mode``: torch.compile's mode, None for
+    its default) and, on a CUDA learner, CUDA graphs over the compiled step."""
+
+    enabled: bool = False
+    mode: str | None = None
+    cudagraphs: bool = False
 
 
 def abs_td_error(td_error: torch.Tensor, *, squared: bool) -> torch.Tensor:
@@ -34,6 +54,10 @@ class Learner:
     ``critic_only_method`` (TD3Loss.value_loss) is called on steps where only the critic is due, skipping the actor
     loss's forward; with ``targets_follow`` the target networks move only on steps where that optimiser stepped. The
     losses detach what each term must not train, so one summed backward equals separate ones.
+
+    Each kind of step (which optimisers are due, whether soft targets move) gets its own step function, built once:
+    eager, or compiled (``compile``). Every kind has run twice after ``warmup_steps`` (the optimisers' states exist
+    from their first step on), so a graph built after that is a recompilation (:attr:`recompiles`).
     """
 
     def __init__(self, loss, groups: list[OptimGroup], target_updater: TargetUpdate, *,
@@ -41,7 +65,8 @@ class Learner:
                  critic_loss_key: str = "loss_qvalue", targets_follow: str | None = None,
                  prioritized: bool = False, td_error_squared: bool = True,
                  chunk: int = SAMPLE_CHUNK, check_every: int = 1, device: torch.device | None = None,
-                 action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None, grad_sync=None):
+                 action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None, grad_sync=None,
+                 compile: CompileOptions = CompileOptions()):
         self.loss = loss
         self.groups = groups
         self.target_updater = target_updater
@@ -57,6 +82,13 @@ class Learner:
         self.grad_sync = grad_sync
         self.steps = 0  # optimiser steps so far (checkpointed: TD3's actor keeps its phase on resume)
         self.due: list[OptimGroup] = []
+        self.compile = compile
+        if compile.cudagraphs and (device is None or device.type != "cuda" or grad_sync is not None):
+            raise ValueError("compile.cudagraphs needs a learner on a CUDA device without gradient averaging")
+        self._step_fns: dict[tuple, Callable] = {}
+        self.warmup_steps = 2 * lcm(*(g.every for g in groups))
+        self._steps_here = 0  # steps run by this object (a resumed learner warms up again)
+        self._graphs_after_warmup: int | None = None
         # values not computed on a step (TD3's actor loss between actor updates) repeat their latest one
         self._latest: dict[str, torch.Tensor] = {}
         target_updater.init_()
@@ -72,14 +104,14 @@ class Learner:
         for sample in self._samples(replay, n_steps):
             for key, value in self.step(sample, version).items():
                 sums[key].append(value)
-            if self.targets_follow is None or self.is_due(self.targets_follow):
-                self.target_updater.step()
             if self.prioritized:
                 self.write_priorities(replay, sample)
         out = {f"loss/{k}": float(torch.stack(v).mean()) for k, v in sums.items()}
         low, high = self.action_bounds if self.action_bounds is not None else (None, None)
         out.update({f"replay/{k}": v for k, v in action_stats(sample["action"].cpu(), low, high).items()})
         out["replay/reward"] = float(sample["next", "reward"].float().mean())
+        if self.recompiles is not None:
+            out["compile/recompiles"] = float(self.recompiles)
         return out
 
     def _samples(self, replay, n_steps: int):
@@ -111,31 +143,84 @@ class Learner:
 
     # --- one step ----------------------------------------------------------------------------------------------
     def step(self, sample: TensorDictBase, version: int | None = None) -> dict[str, torch.Tensor]:
-        """One optimiser step on ``sample``; returns the detached scalar loss terms and pre-clip gradient norms."""
+        """One optimiser step on ``sample`` with its target update; returns the detached scalar loss terms and
+        pre-clip gradient norms."""
         self.steps += 1
         if version is not None and self.steps % self.check_every == 0:
             self.check(sample, version)
         self.due = [g for g in self.groups if self.steps % g.every == 0]
-        keys = sorted({k for g in self.due for k in g.loss_keys})
-        if self.critic_only_method is not None and keys == [self.critic_loss_key]:
-            value, metadata = getattr(self.loss, self.critic_only_method)(sample)
-            losses = {self.critic_loss_key: value}
-            sample.set("td_error", metadata["td_error"].detach().max(0)[0])
-        else:
-            losses = dict(self.loss(sample).items())
-        sum(losses[k] for k in keys).backward()
-        for group in self.due:
-            params = group.params()
-            if self.grad_sync is not None:
-                self.grad_sync(params)
-            max_norm = float("inf") if group.max_grad_norm is None else group.max_grad_norm
-            losses[f"grad_norm_{group.name}"] = torch.nn.utils.clip_grad_norm_(params, max_norm)  # pre-clip norm
-            group.optimizer.step()
-            group.optimizer.zero_grad(set_to_none=True)
+        targets_due = self.targets_follow is None or self.is_due(self.targets_follow)
+        soft = targets_due and self.target_updater.soft
+        losses = self._step_function(tuple(g.name for g in self.due), soft)(sample)
+        if targets_due and self.target_updater.tick() and not soft:
+            self.target_updater.move_()  # a hard copy every hard_every updates: eager, outside the compiled step
         for key, value in losses.items():
-            if value.numel() == 1:  # DDPGLoss also returns per-sample diagnostics
-                self._latest[key] = value.detach()
+            self._latest[key] = value
+        self._count_graphs()
         return self._latest
+
+    def _step_function(self, due: tuple[str, ...], soft_targets: bool):
+        """``sample -> losses and gradient norms`` for one kind of step, built on first use."""
+        key = (due, soft_targets)
+        if key not in self._step_fns:
+            self._step_fns[key] = self._build_step_function([g for g in self.groups if g.name in due], soft_targets)
+        return self._step_fns[key]
+
+    def _build_step_function(self, groups: list[OptimGroup], soft_targets: bool):
+        keys = sorted({k for g in groups for k in g.loss_keys})
+        critic_only = self.critic_only_method is not None and keys == [self.critic_loss_key]
+        loss, updater, grad_sync = self.loss, self.target_updater, self.grad_sync
+
+        def forward_backward(sample: TensorDictBase) -> dict[str, torch.Tensor]:
+            if critic_only:
+                value, metadata = getattr(loss, self.critic_only_method)(sample)
+                losses = {self.critic_loss_key: value}
+                sample.set("td_error", metadata["td_error"].detach().max(0)[0])
+            else:
+                losses = dict(loss(sample).items())
+            sum(losses[k] for k in keys).backward()
+            return {k: v.detach() for k, v in losses.items() if v.numel() == 1}  # DDPGLoss adds per-sample values
+
+        def apply() -> dict[str, torch.Tensor]:
+            norms = {}
+            for group in groups:
+                max_norm = float("inf") if group.max_grad_norm is None else group.max_grad_norm
+                norms[f"grad_norm_{group.name}"] = torch.nn.utils.clip_grad_norm_(group.params(), max_norm)  # pre-clip
+                group.optimizer.step()
+                group.optimizer.zero_grad(set_to_none=True)
+            if soft_targets:
+                updater.move_()
+            return norms
+
+        if self.compile.enabled:
+            forward_backward = torch.compile(forward_backward, mode=self.compile.mode)
+            apply = torch.compile(apply, mode=self.compile.mode)
+
+        def step(sample: TensorDictBase) -> dict[str, torch.Tensor]:
+            losses = forward_backward(sample)
+            if grad_sync is not None:  # the ranks' gradients averaged between backward and the optimiser steps
+                for group in groups:
+                    grad_sync(group.params())
+            return {**losses, **apply()}
+
+        if self.compile.cudagraphs:
+            from tensordict.nn import CudaGraphModule
+
+            return CudaGraphModule(step, warmup=self.warmup_steps)  # __init__ checked: CUDA, no grad_sync
+        return step
+
+    def _count_graphs(self) -> None:
+        self._steps_here += 1
+        if self.compile.enabled and self._steps_here == self.warmup_steps:
+            self._graphs_after_warmup = compat.compiled_graphs()
+
+    @property
+    def recompiles(self) -> int | None:
+        """Graphs torch.compile built after the warm-up steps (0 when every step reuses its compiled graphs); None
+        when the step is not compiled or still warming up."""
+        if self._graphs_after_warmup is None:
+            return None
+        return compat.compiled_graphs() - self._graphs_after_warmup
 
     def is_due(self, name: str) -> bool:
         """Whether optimiser ``name`` stepped on the latest optimiser step (TD3's targets move with its actor)."""
@@ -151,6 +236,11 @@ class Learner:
     def load_state_dict(self, state: dict) -> None:
         self.loss.load_state_dict(state["loss"])
         for group in self.groups:
+            # torch restores the saved param-group flags too: keep this run's implementation (fused when eager,
+            # foreach when compiled), so a checkpoint resumes with compile switched on or off
+            kept = [{k: g[k] for k in IMPLEMENTATION_FLAGS if k in g} for g in group.optimizer.param_groups]
             group.optimizer.load_state_dict(state["optimizers"][group.name])
+            for param_group, flags in zip(group.optimizer.param_groups, kept):
+                param_group.update(flags)
         self.steps = int(state["steps"])
         self.target_updater.updates = int(state["target_updates"])

@@ -54,6 +54,7 @@ class RoundMetrics:
         self.low, self.high = action_bounds if action_bounds is not None else (None, None)
         self.exploration_value = exploration_value
         self.last_return: float | None = None
+        self.compile_recompiles: int | None = None  # the compiled learner's latest count (None: not compiled)
         self._last_log = -float("inf")
         self._window = self._new_window()
 
@@ -74,7 +75,9 @@ class RoundMetrics:
                 if key.startswith("loss/"):
                     w["losses"][key] = w["losses"].get(key, 0.0) + value
             w["n_loss"] += 1
-            w["replay"] = {k: v for k, v in report.learned.items() if k.startswith("replay/")}
+            w["latest"] = {k: v for k, v in report.learned.items() if k.startswith(("replay/", "compile/"))}
+            if "compile/recompiles" in report.learned:
+                self.compile_recompiles = int(report.learned["compile/recompiles"])
         if r.returns:
             self.last_return = sum(r.returns) / len(r.returns)
             self.logger.log({"train/return": self.last_return,
@@ -110,7 +113,7 @@ class RoundMetrics:
         if r.actions is not None and r.actions.shape[0] > 1:
             m.update({f"collector/{k}": v for k, v in action_stats(r.actions, self.low, self.high).items()
                       if not k.startswith("action_std_")})
-        m.update(w.get("replay", {}))
+        m.update(w.get("latest", {}))  # the last round's replay/ and compile/ figures
         if w["n_loss"]:
             m.update({k: v / w["n_loss"] for k, v in w["losses"].items()})
         self.logger.log(m, env_steps)

@@ -58,12 +58,26 @@ class TargetUpdate:
         for source, target in self.pairs:
             target.copy_(source)
 
-    @torch.no_grad()
-    def step(self) -> None:
+    @property
+    def soft(self) -> bool:
+        return self.hard_every is None
+
+    def tick(self) -> bool:
+        """Count one update; True when the targets move on it (soft: every update; hard: every ``hard_every``-th).
+        The learner's compiled step moves soft targets itself (:meth:`move_` is pure tensor work)."""
         self.updates += 1
-        if self.hard_every is None:
-            for source, target in self.pairs:
+        return self.soft or self.updates % self.hard_every == 0
+
+    @torch.no_grad()
+    def move_(self) -> None:
+        """Move the targets: ``lerp`` towards the online networks by ``tau`` (soft) or copy them (hard)."""
+        for source, target in self.pairs:
+            if self.soft:
                 target.lerp_(source, self.tau)
-        elif self.updates % self.hard_every == 0:
-            for source, target in self.pairs:
+            else:
                 target.copy_(source)
+
+    def step(self) -> None:
+        """Count one update and move the targets when it is due."""
+        if self.tick():
+            self.move_()

@@ -35,6 +35,64 @@ def fast_from_any() -> None:
     TensorDictBase.from_any = classmethod(from_any)
 
 
+# --- torchrl / torch: compiling the learner step ---------------------------------------------------------------------
+
+
+def pseudo_vmap_without_pytree_edits() -> None:
+    """torchrl 0.14.1's ``objectives.utils._pseudo_vmap`` (how SACLoss and TD3Loss with ``deactivate_vmap=True``
+    evaluate their Q networks) enters tensordict's ``_exclude_td_from_pytree`` on every call: it pops TensorDict from
+    torch's pytree registry and puts it back, so the registry dict's version changes on every call, torch.compile's
+    guard on it (``___dict_version(...SUPPORTED_NODES)``) fails, and a compiled step recompiles on every call (SAC:
+    2.5 s a step). This is the same unbind / call / stack without editing the registry: ``tree_map`` over ``in_dims``
+    flattens the arguments only up to in_dims' leaves, so a TensorDict argument stays whole without the exclusion
+    (losses checked equal to torchrl's in tests/test_compat.py). Set before the losses are built (``_vmap_func`` looks
+    the function up when a loss is constructed); idempotent."""
+    import functools
+    from copy import copy
+
+    from torch.utils._pytree import tree_map
+    from torchrl.objectives import utils
+
+    if getattr(utils._pseudo_vmap, "rlstack_no_pytree_edits", False):
+        return
+
+    def pseudo_vmap(func, in_dims=0, out_dims=0, randomness=None, *, chunk_size=None):
+        if randomness not in (None, "different", "error"):
+            raise ValueError(f"pseudo_vmap supports the randomness modes 'different' and 'error', not {randomness!r}")
+
+        def unbind(dim, x):
+            return x.unbind(dim) if dim is not None and hasattr(x, "unbind") else (copy(x) for _ in range(1000))
+
+        def stack(dim, x):
+            return torch.stack(list(x), dim) if dim is not None else x
+
+        @functools.wraps(func)
+        def new_func(*args, **kwargs):
+            dims_in = (in_dims,) * len(args) if isinstance(in_dims, int) else in_dims
+            dims_out = (out_dims,) if isinstance(out_dims, int) else out_dims
+            results = []
+            for sliced in zip(*tree_map(unbind, dims_in, args)):
+                r = func(*sliced, **kwargs)
+                results.append(r if isinstance(r, tuple) else (r,))
+            stacked = tuple(tree_map(stack, dims_out, tuple(zip(*results))))
+            return stacked[0] if len(stacked) == 1 else stacked
+
+        return new_func
+
+    pseudo_vmap.rlstack_no_pytree_edits = True
+    pseudo_vmap.torchrl_original = utils._pseudo_vmap  # for the test that compares the two
+    utils._pseudo_vmap = pseudo_vmap
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process so far: torch 2.13's dynamo counter
+    ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` (no public counter exists). One more after a compiled
+    function's warm-up means it recompiled (or broke into a new graph)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 # --- torchrl: replay -------------------------------------------------------------------------------------------------
 # torchrl 0.14.1 keeps a storage's data under the state-dict key "_storage" and has no public way to reopen a
 # LazyMemmapStorage's files: a memmap checkpoint keeps only the length, cursor and sampler state, and resume maps the

@@ -89,3 +89,49 @@ def test_ray_single_machine_mode(monkeypatch):
     compat.ray_single_machine_mode()
     assert os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] == "0"
     assert ray_constants.ENABLE_RAY_CLUSTER is False
+
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_pseudo_vmap_without_pytree_edits_gives_torchrl_s_losses(algo, monkeypatch):
+    """The loss's Q-ensemble loop without tensordict's pytree edits: the same losses as torchrl's own pseudo-vmap,
+    and TensorDict stays in torch's pytree registry while the Q networks run (torchrl's takes it out and puts it back
+    on every call, which made a compiled step recompile on every call)."""
+    from torch.utils._pytree import SUPPORTED_NODES
+    from torchrl.objectives import utils
+
+    from offpolicy import algorithms
+    from offpolicy.config import compose_config
+    from offpolicy.envs import make_train_env
+
+    compat.pseudo_vmap_without_pytree_edits()
+    compat.pseudo_vmap_without_pytree_edits()  # idempotent
+    ours = utils._pseudo_vmap
+    assert ours.rlstack_no_pytree_edits
+    cfg, _ = compose_config([f"algo={algo}", "env=Pendulum-v1", "profile=smoke"])
+    env = make_train_env(cfg)
+    batch = env.rollout(40).reshape(-1)
+    losses, registered = [], []
+    for implementation in (ours.torchrl_original, ours):
+        monkeypatch.setattr(utils, "_pseudo_vmap", implementation)
+        monkeypatch.setattr(compat, "pseudo_vmap_without_pytree_edits", lambda: None)
+        torch.manual_seed(0)
+        parts = algorithms.build_parts(cfg, env)
+        seen = []
+        parts.loss.qvalue_network.register_forward_pre_hook(lambda *_: seen.append(TensorDict in SUPPORTED_NODES))
+        torch.manual_seed(1)
+        losses.append({k: v.detach() for k, v in parts.loss(batch.clone()).items() if v.numel() == 1})
+        registered.append(set(seen))
+    assert registered == [{False}, {True}]  # torchrl's edits the registry around every Q-network call; ours does not
+    assert losses[0].keys() == losses[1].keys()
+    for key in losses[0]:
+        assert torch.equal(losses[0][key], losses[1][key]), key
+
+
+def test_compiled_graphs_counts_new_graphs():
+    before = compat.compiled_graphs()
+    f = torch.compile(lambda x: x * 2 + 1)
+    f(torch.ones(3))
+    assert compat.compiled_graphs() == before + 1
+    f(torch.ones(3))
+    assert compat.compiled_graphs() == before + 1  # the same graph reused

@@ -23,6 +23,10 @@ from shared.config import ConfigError
     (["resume=/nonexistent/last.pt"], "resume='/nonexistent/last.pt': no such file"),
     (["logger.backend=mlflow"], "logger.backend='mlflow' is not allowed"),
     (["total_env_steps"], "is not of the form key=value"),
+    (["compile.mode=fast"], "compile.mode='fast' is not allowed; allowed: one of default, reduce-overhead"),
+    (["compile.enabled=maybe"], "compile.enabled='maybe' has the wrong type; allowed: true or false"),
+    (["compile.enabled=true", "compile.cudagraphs=true"], "compile.cudagraphs=true is not allowed here; allowed: "
+                                                          "with compile.enabled=true on a CUDA learner"),
 ])
 def test_bad_input_is_one_config_error(args, needle):
     with pytest.raises(ConfigError) as info:

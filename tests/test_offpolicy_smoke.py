@@ -21,6 +21,7 @@ def test_smoke_run(algo, tmp_path):
     # 300 frames in 3 batches; prefill is 200 frames, so the first batch runs no optimiser step
     assert s["env_steps"] == 300 and s["batches"] == 3 and s["replay_writes"] == 300
     assert s["policy_version"] == 3
+    assert s["compile_recompiles"] is None  # eager learner (compiled runs: tests/test_offpolicy_compile.py)
     assert s["optim_steps"] == 2 * STEPS[algo]
     assert s["env"] == ("CartPole-v1" if algo == "dqn" else "HalfCheetah-v5")
     for name in ("loss/grad_norm_q" if algo == "dqn" else "loss/grad_norm_critic", "collector/env_steps_per_s", "replay/action_std",

@@ -142,7 +142,8 @@ class LearnerRank:
         self.parts.loss.to(self.device)
         self.replay = replay
         self.learner = make_learner(cfg, self.parts, specs.action_spec_unbatched,
-                                    sample_shape=(cfg.optim.batch_size // world_size,), grad_sync=self._average,
+                                    sample_shape=(cfg.optim.batch_size // world_size,),
+                                    grad_sync=self._average if world_size > 1 else None,
                                     chunk=max(cfg.ray.prefetch, 1), device=self.device)
         torch.manual_seed(cfg.seed + 1 + rank)  # each rank draws its own samples and noise
         self.backend = cfg.ray.backend
