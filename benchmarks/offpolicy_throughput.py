@@ -2,27 +2,39 @@
 phase (after prefill), at UTD 1, batch 256 and 256x256 MLPs; SAC, TD3 and DDPG on HalfCheetah-v5, DQN on CartPole-v1
 (plus DQN at CleanRL's own setting, 1 update per 10 steps with batch 128, to compare with its 4,315 steps/s).
 
-    nice -n 5 python benchmarks/offpolicy_throughput.py [algo ...] [env_steps=N] [threads=2]
+    nice -n 5 python benchmarks/offpolicy_throughput.py [algo ...] [env_steps=6000] [threads=2] [pairs=3]
+                                                        [section.key=value ...]
 
-``threads`` is the engine's torch threads (default 2: the whole machine, as the reference uses).
+``threads`` is the engine's torch threads (default 2: the whole machine, as the reference uses). Any further
+``key=value`` whose key has a dot (``compile.enabled=true``) is passed on to the engine's ``python -m offpolicy.train``
+command line after the case's own settings (so it wins), e.g. to measure the compiled learner; the reference is
+unchanged. They are recorded as ``overrides`` in the results.
 
-Each case is a fresh ``python -m offpolicy.train`` run with evaluation off and metrics logged every batch; the figures
-are learning-phase env steps (or updates) over the wall time of those batches (collection + learning), and over the
-process's CPU time (``*_per_cpu_s``: the figure that stays meaningful when other jobs share the 2 cores; one torch
-thread, so a CPU-second is a core-second).
+Each engine run is a fresh ``python -m offpolicy.train`` with evaluation off and metrics logged every batch; its
+figures are learning-phase env steps (or updates) over the wall time of those batches (collection + learning), and
+over the process's CPU time (``*_per_cpu_s``: the figure that stays meaningful when other jobs share the 2 cores;
+one torch thread, so a CPU-second is a core-second).
 
-Each case is then repeated by benchmarks/offpolicy_reference.py, the same work in plain PyTorch + Gymnasium the
+Each engine run is followed by benchmarks/offpolicy_reference.py, the same work in plain PyTorch + Gymnasium the
 CleanRL way (one env, a tensor ring buffer, the same networks, batch, UTD, prefill and targets; torch's default
-threads), in its own fresh process and for as many learning-phase steps as the engine's learning-phase env steps:
+threads), in its own fresh process and for as many learning-phase steps as that engine run's learning-phase env steps:
 ``reference_env_steps_per_s`` is its figure and ``ratio_to_reference`` the engine's ``env_steps_per_s`` over it
 (above 1: the engine is faster). Both DQN cases get a reference at their own UTD, batch and hidden sizes.
 
-Prints JSON lines and appends them to benchmarks/results/offpolicy_throughput.jsonl.
+How to read it: the machine's speed drifts (a single ratio varied 0.66-1.13 for SAC within two days), so each case
+runs ``pairs`` alternated pairs (engine, reference, engine, reference, ...) and every pair gives its own ratio. The
+per-pair lines carry ``"pair": i``; the case's figures are the summary lines after them: ``*_median`` over the pairs
+(engine metrics, ``reference_env_steps_per_s_median``, ``ratio_to_reference_median``: quote this one) and
+``ratio_to_reference_min`` / ``_max`` (the spread; a wide one means the machine was busy, so measure again).
+
+Prints JSON lines and appends them to benchmarks/results/offpolicy_throughput.jsonl (with the time, env_steps,
+threads, overrides and host; summary lines also carry ``pairs``).
 """
 from __future__ import annotations
 
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,10 +66,15 @@ REFERENCE = {
 }
 
 
-def measure(name: str, env_steps: int, threads: int) -> dict:
+METRICS = (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"), ("env_steps_per_cpu_s", "steps/cpu-s"),
+           ("updates_per_cpu_s", "updates/cpu-s"), ("learner_updates_per_s", "updates/s"),
+           ("collector_steps_per_s", "steps/s"), ("reference_env_steps_per_s", "steps/s"), ("ratio_to_reference", "x"))
+
+
+def measure(name: str, env_steps: int, threads: int, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "offpolicy.train", *CASES[name], f"total_env_steps={env_steps}", f"threads={threads}",
-               f"run_dir={tmp}"]
+               f"run_dir={tmp}", *overrides]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{name} failed: {proc.stderr[-2000:]}")
@@ -96,26 +113,41 @@ def measure_reference(name: str, steps: int) -> float:
 
 def main(argv: list[str]) -> None:
     names = [a for a in argv if "=" not in a] or list(CASES)
-    env_steps = int(next((a.split("=", 1)[1] for a in argv if a.startswith("env_steps=")), 6000))
-    threads = int(next((a.split("=", 1)[1] for a in argv if a.startswith("threads=")), 2))
+    options = dict(a.split("=", 1) for a in argv if "=" in a and "." not in a.split("=", 1)[0])
+    overrides = [a for a in argv if "=" in a and "." in a.split("=", 1)[0]]
+    unknown = (set(options) - {"env_steps", "threads", "pairs"}) | (set(names) - set(CASES))
+    if unknown:
+        raise SystemExit(f"unknown {', '.join(sorted(unknown))}; cases: {', '.join(CASES)}; options: env_steps=, "
+                         "threads=, pairs=, section.key=value (passed to offpolicy.train)")
+    env_steps, threads = int(options.get("env_steps", 6000)), int(options.get("threads", 2))
+    pairs = int(options.get("pairs", 3))
     out = ROOT / "benchmarks" / "results" / "offpolicy_throughput.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    meta = {"time": stamp, "env_steps": env_steps, "threads": threads, "overrides": overrides, "host": platform.node()}
+
+    def emit(name: str, metric: str, value: float, unit: str, **extra) -> None:
+        digits = 3 if metric.startswith("ratio_to_reference") else 1
+        line = {"bench": f"offpolicy_throughput/{name}", "metric": metric, "value": round(value, digits), "unit": unit,
+                **extra}
+        print(json.dumps(line), flush=True)
+        with out.open("a") as f:
+            f.write(json.dumps({**line, **meta}) + "\n")
+
     for name in names:
-        r = measure(name, env_steps, threads)
-        r["reference_env_steps_per_s"] = measure_reference(name, r["learning_env_steps"])
-        r["ratio_to_reference"] = r["env_steps_per_s"] / r["reference_env_steps_per_s"]
-        for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"),
-                             ("env_steps_per_cpu_s", "steps/cpu-s"), ("updates_per_cpu_s", "updates/cpu-s"),
-                             ("learner_updates_per_s", "updates/s"), ("collector_steps_per_s", "steps/s"),
-                             ("reference_env_steps_per_s", "steps/s"), ("ratio_to_reference", "x")):
-            digits = 3 if metric == "ratio_to_reference" else 1
-            line = {"bench": f"offpolicy_throughput/{name}", "metric": metric, "value": round(r[metric], digits),
-                    "unit": unit}
-            print(json.dumps(line), flush=True)
-            with out.open("a") as f:
-                f.write(json.dumps({**line, "time": stamp, "env_steps": env_steps, "threads": threads,
-                                    "host": platform.node()}) + "\n")
+        runs = []
+        for pair in range(pairs):  # alternated: engine, reference, engine, reference, ...
+            r = measure(name, env_steps, threads, overrides)
+            r["reference_env_steps_per_s"] = measure_reference(name, r["learning_env_steps"])
+            r["ratio_to_reference"] = r["env_steps_per_s"] / r["reference_env_steps_per_s"]
+            runs.append(r)
+            for metric, unit in METRICS:
+                emit(name, metric, r[metric], unit, pair=pair)
+        for metric, unit in METRICS:
+            emit(name, f"{metric}_median", statistics.median(r[metric] for r in runs), unit, pairs=pairs)
+        ratios = [r["ratio_to_reference"] for r in runs]
+        emit(name, "ratio_to_reference_min", min(ratios), "x", pairs=pairs)
+        emit(name, "ratio_to_reference_max", max(ratios), "x", pairs=pairs)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Where the time of one off-policy iteration goes (a figure, not a test): CPU milliseconds per replay sample, loss
 forward (and how much of it is matrix multiplies), backward, optimiser step and target update at batch 256 with
 256x256 MLPs, plus one collection step (policy + env), for each algorithm, built by the same builders as a training
-run; then one whole update (loss, backward, optimiser steps) in wall-clock ms, eager and, with ``compile=true``,
-under ``torch.compile`` (with its compile time).
+run; then one whole update (loss, backward, optimiser steps) in wall-clock ms, and the engine's learner step (its
+chunked samples, checks, clips and target update) eager and, with ``compile=true``, compiled (``compile.enabled=true``:
+the learner's own compiled step, with its compile time and the recompilations after warm-up, which should be 0).
 
-    nice -n 5 python benchmarks/offpolicy_update_cost.py [algo ...] [threads=1] [compile=false] [deactivate_vmap=false]
+    nice -n 5 python benchmarks/offpolicy_update_cost.py [algo ...] [threads=1] [compile=false] [deactivate_vmap=true]
 
 Prints JSON lines and appends them to benchmarks/results/offpolicy_update_cost.jsonl.
 """
@@ -57,9 +58,10 @@ def _wall_ms(fn, n: int) -> float:
 
 
 def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
-            deactivate_vmap: bool = False) -> dict[str, float]:
-    cfg, _ = compose_config([f"algo={algo}", f"env={ENVS[algo]}", "optim.batch_size=256", "model.hidden=[256,256]",
-                             "collector.env_steps_per_batch=1000", "collector.prefill_env_steps=1000"])
+            deactivate_vmap: bool = True) -> dict[str, float]:
+    overrides = [f"algo={algo}", f"env={ENVS[algo]}", "optim.batch_size=256", "model.hidden=[256,256]",
+                 "collector.env_steps_per_batch=1000", "collector.prefill_env_steps=1000"]
+    cfg, _ = compose_config(overrides)
     torch.manual_seed(0)
     torch.set_num_threads(threads)
     algorithms.DEACTIVATE_VMAP = deactivate_vmap
@@ -102,12 +104,17 @@ def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
         learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(batch_size,))
         out["learner_step_wall"] = _wall_ms(lambda: learner.update(replay, 50, version=1), max(n // 50, 2)) / 50
         if compiled:
-            fast = torch.compile(update)
+            compiled_cfg, _ = compose_config([*overrides, "compile.enabled=true"])
+            torch.manual_seed(0)
+            fast = make_learner(compiled_cfg, build_parts(compiled_cfg, env), env.action_spec_unbatched,
+                                sample_shape=(batch_size,))
             t0 = time.perf_counter()
-            for _ in range(3):
-                fast(replay.sample(batch_size))
+            fast.update(replay, fast.warmup_steps, version=1)
             out["compile_s"] = time.perf_counter() - t0
-            out["update_wall_compiled"] = _wall_ms(lambda: fast(replay.sample(batch_size)), n)
+            out["learner_step_wall_compiled"] = _wall_ms(lambda: fast.update(replay, 50, version=1),
+                                                         max(n // 50, 2)) / 50
+            out["compile_recompiles"] = float(fast.recompiles)
+            out["compiled_speedup"] = out["learner_step_wall"] / out["learner_step_wall_compiled"]
     finally:
         collector.shutdown()
     return out
@@ -117,12 +124,13 @@ def main(argv: list[str]) -> None:
     algos = [a for a in argv if "=" not in a] or list(ENVS)
     options = dict(a.split("=", 1) for a in argv if "=" in a)
     threads, compiled = int(options.get("threads", 1)), options.get("compile", "false") == "true"
-    no_vmap = options.get("deactivate_vmap", "false") == "true"
+    no_vmap = options.get("deactivate_vmap", "true") == "true"  # the engine's setting (algorithms.DEACTIVATE_VMAP)
     results = ROOT / "benchmarks" / "results" / "offpolicy_update_cost.jsonl"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for algo in algos:
         for part, value in measure(algo, threads=threads, compiled=compiled, deactivate_vmap=no_vmap).items():
-            unit = {"params": "count", "compile_s": "s"}.get(part, "ms")
+            unit = {"params": "count", "compile_s": "s", "compile_recompiles": "count", "compiled_speedup": "x"}.get(
+                part, "ms")
             line = {"bench": f"offpolicy_update_cost/{algo}", "metric": part, "value": round(value, 3),
                     "unit": unit, "threads": threads, "deactivate_vmap": no_vmap}
             print(json.dumps(line), flush=True)
