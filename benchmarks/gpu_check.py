@@ -1,11 +1,13 @@
 """The GPU path of the off-policy engine in a few minutes (a figure, not a test), for a machine with a CUDA device:
 
-1. ``update``: one SAC learner step (batch 256, 256x256 MLPs) on the GPU, eager against ``torch.compile`` of the
-   loss + backward + optimiser step with CUDA graphs (``mode="reduce-overhead"``), with the compile time;
+1. ``update``: the learner step of SAC, TD3, DDPG and DQN (batch 256, 256x256 MLPs) on the GPU, three ways: eager,
+   compiled (``compile.enabled=true``) and compiled + CUDA graphs (``compile.cudagraphs=true``), in ms per step, with
+   the compile time and the recompilations after warm-up (0 expected);
 2. ``nccl``: a training run whose learner rank runs on the GPU over NCCL (``ray.backend=nccl``, one rank);
-3. ``gpu_collectors``: a training run whose two collector actors run their policy on the GPU (half a GPU each).
+3. ``gpu_collectors``: a training run whose two collector actors run their policy on the GPU (half a GPU each);
+4. ``nccl_compiled``: the ``nccl`` run with the learner step compiled and replayed as a CUDA graph.
 
-    python benchmarks/gpu_check.py [update] [nccl] [gpu_collectors]
+    python benchmarks/gpu_check.py [update] [nccl] [gpu_collectors] [nccl_compiled]
 
 Prints JSON lines and appends them to benchmarks/results/gpu_check.jsonl; exits 2 with one line when there is no
 CUDA device.
@@ -29,6 +31,8 @@ RUNS = {
     "nccl": [*RUN, "ray.backend=nccl", "ray.world_size=1", "ray.learner_gpus=1", "ray.learner_cpus=1"],
     "gpu_collectors": [*RUN, "ray.collector_gpus=0.5", "ray.world_size=1"],
 }
+# the NCCL rank's step compiled and replayed as a CUDA graph, in a whole run
+RUNS["nccl_compiled"] = [*RUNS["nccl"], "compile.enabled=true", "compile.cudagraphs=true"]
 
 
 def _emit(check: str, metric: str, value, unit: str, out: Path) -> None:
@@ -39,56 +43,55 @@ def _emit(check: str, metric: str, value, unit: str, out: Path) -> None:
         f.write(json.dumps({**line, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
 
 
+UPDATE_ENVS = {"sac": "HalfCheetah-v5", "td3": "HalfCheetah-v5", "ddpg": "HalfCheetah-v5", "dqn": "CartPole-v1"}
+# the learner's own switches; CUDA graphs are allowed on a CUDA learner without gradient averaging (one NCCL rank)
+VARIANTS = {
+    "eager": [],
+    "compiled": ["compile.enabled=true"],
+    "compiled_cudagraphs": ["compile.enabled=true", "compile.cudagraphs=true", "engine=ray", "ray.backend=nccl",
+                            "ray.world_size=1", "ray.learner_gpus=1"],
+}
+
+
 def check_update(out: Path, n: int = 200) -> None:
-    """Eager and compiled (CUDA graphs) SAC learner steps on the GPU."""
+    """Each algorithm's learner step on the GPU: eager, compiled, compiled + CUDA graphs."""
     from offpolicy.algorithms import build_parts, make_learner
     from offpolicy.config import compose_config
     from offpolicy.engines.local import make_collector
     from offpolicy.envs import make_train_env
     from offpolicy.replay import make_replay_buffer
 
-    cfg, _ = compose_config(["algo=sac", "env=HalfCheetah-v5", "optim.batch_size=256", "model.hidden=[256,256]",
-                             "collector.env_steps_per_batch=1000"])
     device = torch.device("cuda")
-    env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
-    collector = make_collector(cfg, env, parts.collect_policy)
-    replay = make_replay_buffer(cfg)
-    replay.extend(next(iter(collector)).reshape(-1))
-    collector.shutdown()
-    parts.loss.to(device)
-    learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(256,), device=device)
-    learner.update(replay, 20, version=1)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    learner.update(replay, n, version=1)
-    torch.cuda.synchronize()
-    _emit("update", "eager_ms", round((time.perf_counter() - start) / n * 1000, 3), "ms", out)
-
-    sample = replay.sample(256).to(device)
-    optimizers = [g.optimizer for g in parts.groups]
-
-    def step(batch):
-        losses = parts.loss(batch)
-        (losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]).backward()
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=False)
-
-    try:
-        compiled = torch.compile(step, mode="reduce-overhead")
-        start = time.perf_counter()
-        for _ in range(3):
-            compiled(sample)
-        torch.cuda.synchronize()
-        _emit("update", "compile_s", round(time.perf_counter() - start, 1), "s", out)
-        start = time.perf_counter()
-        for _ in range(n):
-            compiled(sample)
-        torch.cuda.synchronize()
-        _emit("update", "compiled_cudagraphs_ms", round((time.perf_counter() - start) / n * 1000, 3), "ms", out)
-    except Exception as exc:  # a figure, not a test: report what failed and go on with the other checks
-        _emit("update", "compile_error", " ".join(str(exc).split())[:300], "text", out)
+    for algo, env_name in UPDATE_ENVS.items():
+        base = [f"algo={algo}", f"env={env_name}", "optim.batch_size=256", "model.hidden=[256,256]",
+                "collector.env_steps_per_batch=1000"]
+        cfg, _ = compose_config(base)
+        env = make_train_env(cfg)
+        parts = build_parts(cfg, env)
+        collector = make_collector(cfg, env, parts.collect_policy)
+        replay = make_replay_buffer(cfg)
+        replay.extend(next(iter(collector)).reshape(-1))
+        collector.shutdown()
+        for variant, switches in VARIANTS.items():
+            name = f"update_{algo}_{variant}"
+            try:
+                cfg, _ = compose_config([*base, *switches])
+                torch.manual_seed(0)
+                parts = build_parts(cfg, env)
+                parts.loss.to(device)
+                learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(256,), device=device)
+                start = time.perf_counter()
+                learner.update(replay, learner.warmup_steps + 4, version=1)
+                torch.cuda.synchronize()
+                _emit(name, "warmup_s", round(time.perf_counter() - start, 1), "s", out)
+                start = time.perf_counter()
+                learner.update(replay, n, version=1)
+                torch.cuda.synchronize()
+                _emit(name, "ms_per_step", round((time.perf_counter() - start) / n * 1000, 3), "ms", out)
+                if learner.recompiles is not None:
+                    _emit(name, "recompiles", learner.recompiles, "count", out)
+            except Exception as exc:  # a figure, not a test: report what failed and go on with the other checks
+                _emit(name, "error", " ".join(f"{type(exc).__name__}: {exc}".split())[:300], "text", out)
 
 
 def check_run(name: str, out: Path) -> None:
@@ -103,7 +106,8 @@ def check_run(name: str, out: Path) -> None:
         summary = Path(tmp) / "summary.json"
         if summary.exists():
             s = json.loads(summary.read_text())
-            for key in ("status", "frames", "optim_steps", "policy_version", "eval_return_last"):
+            for key in ("status", "env_steps", "optim_steps", "policy_version", "eval_return_last",
+                        "compile_recompiles"):
                 _emit(name, key, s[key], "summary", out)
         if proc.returncode:
             _emit(name, "stderr_tail", proc.stderr[-600:], "text", out)
@@ -113,7 +117,7 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device: the GPU check needs one (see the README's GPU section)", file=sys.stderr)
         return 2
-    checks = argv or ["update", "nccl", "gpu_collectors"]
+    checks = argv or ["update", "nccl", "gpu_collectors", "nccl_compiled"]
     out = ROOT / "benchmarks" / "results" / "gpu_check.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     for check in checks:
