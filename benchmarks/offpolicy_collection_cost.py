@@ -8,10 +8,16 @@ local engine builds them (offpolicy/engines/local.py), with one torch thread:
                    StepCounter, InitTracker) stepped alone: a presampled random action set into the TensorDict, then
                    ``step_and_maybe_reset`` (step, step_mdp, resets)
     policy         the collection policy's forward on the env's batch of N observations (no_grad, RANDOM exploration)
-    collector      one whole ``Collector`` batch (``next(iter(collector))``, 1024 env steps) over its env steps
+    collector      one whole torchrl ``Collector`` batch (``next(iter(collector))``, 1024 env steps, with
+                   ``collector.lean=false``) over its env steps
     overhead       collector - torchrl_env - policy: the Collector's own work (carrier updates, policy version,
                    traj ids, stacking the batch)
     raw_env_fraction  raw_env / collector: the share of collection that is the simulator
+    lean_collector one batch of the engine's lean collector (offpolicy/collection.py, the default where it applies:
+                   a Gymnasium vector env stepped with numpy, one TensorDict per batch) over its env steps
+    lean_overhead  lean_collector - raw_env - policy: what is neither the simulator nor the network
+    lean_raw_env_fraction  raw_env / lean_collector
+    lean_speedup   collector / lean_collector
     replay_extend  ``for_replay`` + ``replay.extend`` of a collected batch
     rollout_stats  ``RolloutStats``: ``stats(batch); stats.drain()``
 
@@ -83,9 +89,19 @@ def _raw_env(name: str, n: int):
     return step
 
 
+def _per_batch(collector) -> tuple[float, object]:
+    """CPU microseconds per env step of the collector's batches, and its last batch."""
+    batches, last = iter(collector), {}
+
+    def collect():
+        last["batch"] = next(batches)
+    return _us_per_step(collect, BATCH), last["batch"]
+
+
 def measure(algo: str, n: int) -> dict[str, float]:
-    cfg, _ = compose_config([f"algo={algo}", f"env={CASES[algo]}", f"env.num_envs={n}", "replay.size=100000",
-                             f"collector.env_steps_per_batch={BATCH}"])
+    overrides = [f"algo={algo}", f"env={CASES[algo]}", f"env.num_envs={n}", "replay.size=100000",
+                 f"collector.env_steps_per_batch={BATCH}"]
+    cfg, _ = compose_config([*overrides, "collector.lean=false"])
     torch.manual_seed(0)
     torch.set_num_threads(1)  # again each case: closing a SerialEnv raises torch's threads by its env count
     env = make_train_env(cfg)
@@ -108,15 +124,16 @@ def measure(algo: str, n: int) -> dict[str, float]:
         out["policy"] = _us_per_step(lambda: parts.collect_policy(obs), n)
 
     collector = make_collector(cfg, env, parts.collect_policy)  # appends its PolicyVersion transform to env
-    batches = iter(collector)
-    batch = None
-
-    def collect():
-        nonlocal batch
-        batch = next(batches)
-    out["collector"] = _us_per_step(collect, BATCH)
+    out["collector"], batch = _per_batch(collector)
     out["overhead"] = out["collector"] - out["torchrl_env"] - out["policy"]
     out["raw_env_fraction"] = out["raw_env"] / out["collector"]
+    lean_cfg, _ = compose_config([*overrides, "collector.lean=true"])
+    lean = make_collector(lean_cfg, make_train_env(lean_cfg), parts.collect_policy)
+    out["lean_collector"], _ = _per_batch(lean)
+    lean.shutdown()
+    out["lean_overhead"] = out["lean_collector"] - out["raw_env"] - out["policy"]
+    out["lean_raw_env_fraction"] = out["raw_env"] / out["lean_collector"]
+    out["lean_speedup"] = out["collector"] / out["lean_collector"]
 
     replay = make_replay_buffer(cfg)
     out["replay_extend"] = _us_per_step(lambda: replay.extend(for_replay(batch)), BATCH)
@@ -140,9 +157,9 @@ def main(argv: list[str]) -> None:
     for algo in algos:
         for n in sizes:
             for metric, value in measure(algo, n).items():
-                fraction = metric.endswith("fraction")
+                ratio = metric.endswith(("fraction", "speedup"))
                 line = {"bench": f"offpolicy_collection_cost/{algo}-{CASES[algo]}", "num_envs": n, "metric": metric,
-                        "value": round(value, 3 if fraction else 2), "unit": "fraction" if fraction else "us/step"}
+                        "value": round(value, 3 if ratio else 2), "unit": "x" if ratio else "us/step"}
                 print(json.dumps(line), flush=True)
                 with out.open("a") as f:
                     f.write(json.dumps({**line, **meta}) + "\n")

@@ -3,10 +3,13 @@ the checks across keys. A broken rule is one ConfigError (the entry points print
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig, OmegaConf
 
 from offpolicy.algorithms import ACTIVATIONS, ALGOS
 from offpolicy.envs import is_atari
+from offpolicy.replay import replay_scratch_dir
 from shared.checkpoint import load_checkpoint
 from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, compose, parse_overrides
 from shared.envs import check_gym_name
@@ -114,6 +117,8 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if base is not None and overrides.get("algo", base["algo"]) != base["algo"]:
         raise ConfigError(f"algo={overrides['algo']!r} differs from the resumed run's; allowed: {base['algo']}")
     cfg = compose(CONFIG_DIR, overrides, groups=GROUPS, rules=RULES, base=base)
+    if checkpoint is not None:
+        _check_resumable(cfg, checkpoint)
     if cfg.algo not in ALGOS:
         raise ConfigError(f"algo={cfg.algo!r} is not allowed; allowed: {', '.join(ALGOS)}")
     for key, rule in ALGO_RULES[cfg.algo].items():
@@ -143,9 +148,9 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if cfg.loss.value_estimator != "td0" and not cfg.replay.slice_len:
         raise ConfigError(f"loss.value_estimator={cfg.loss.value_estimator} is not allowed without "
                           "replay.slice_len; allowed: td0, or set replay.slice_len so targets run along trajectories")
-    if cfg.env.from_pixels and cfg.env.obs_norm:
-        raise ConfigError("env.obs_norm=true is not allowed with env.from_pixels=true; allowed: obs_norm for state "
-                          "observations (images are scaled by 1/255 in the encoder)")
+    if (cfg.env.from_pixels or is_atari(cfg)) and cfg.env.obs_norm:
+        raise ConfigError(f"env.obs_norm=true is not allowed with {'an ALE game' if is_atari(cfg) else 'env.from_pixels=true'}"
+                          "; allowed: obs_norm for state observations (images are scaled by 1/255 in the encoder)")
     if cfg.collector.prefill_env_steps > cfg.replay.size:
         raise ConfigError(f"collector.prefill_env_steps={cfg.collector.prefill_env_steps} is not allowed; allowed: <= "
                           f"replay.size={cfg.replay.size}")
@@ -160,6 +165,27 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if cfg.engine == "ray":
         _check_ray(cfg)
     return cfg, checkpoint
+
+
+# what the checkpoint's networks and optimisers were built for: a resume cannot change them
+SHAPE_KEYS = ("model.hidden", "model.activation", "env.name", "env.from_pixels", "env.image_size",
+              "env.atari.frame_stack", "env.atari.image_size")
+
+
+def _check_resumable(cfg: DictConfig, checkpoint: dict) -> None:
+    """A resume keeps the networks' shapes, and a memmap replay finds its files (or the run resumes without it:
+    ``replay.storage=memory``, refilled by the prefill)."""
+    saved = OmegaConf.create(_renamed_keys(checkpoint["config"]))
+    for key in SHAPE_KEYS:
+        if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} differs from the resumed run's; allowed: "
+                              f"{OmegaConf.select(saved, key)} (the checkpoint's networks were built for it)")
+    if checkpoint.get("replay") is not None and saved.replay.storage == cfg.replay.storage == "memmap":
+        scratch = replay_scratch_dir(cfg, Path(cfg.run_dir))
+        if not (scratch / "meta.json").exists():
+            raise ConfigError(f"replay.scratch_dir={str(scratch)!r}: the resumed run's replay files are gone; allowed: "
+                              "that directory with its files, or replay.storage=memory (resume with an empty replay, "
+                              "refilled by the prefill)")
 
 
 def check_env_backend(cfg: DictConfig) -> None:

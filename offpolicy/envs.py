@@ -25,6 +25,24 @@ def eval_max_steps(cfg: DictConfig) -> int:
     return cfg.eval.max_episode_steps
 
 
+def collector_seed(seed: int, index: int, num_envs: int) -> int:
+    """The seed of collector ``index``'s first env (its copies take consecutive seeds): copy ``j`` of collector ``k``
+    plays seed ``seed + k * num_envs + j``, so no two copies of a run share a stream, however many there are."""
+    return seed + index * num_envs
+
+
+def eval_seed(seed: int) -> int:
+    """The evaluation env's seed: a stream of its own derived from ``seed`` (numpy's SeedSequence), away from the
+    training copies' consecutive ``seed + i`` (a fixed offset such as seed + 10,000 collides once a run has more
+    copies)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, EVAL_STREAM]).generate_state(1)[0] % 2**31)
+
+
+EVAL_STREAM = 1  # SeedSequence key of the evaluation stream
+
+
 def _atari_settings(cfg: DictConfig) -> AtariSettings:
     return AtariSettings.from_config({"name": cfg.env.name, **cfg.env.atari})
 
@@ -33,18 +51,19 @@ def _pixels(cfg: DictConfig) -> dict:
     return {"from_pixels": cfg.env.from_pixels, "image_size": cfg.env.image_size}
 
 
-def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: int | None = None):
-    """The training env: ``cfg.env.num_envs`` copies stepped together (by a batched simulator, ``env.backend``, or
-    as Gymnasium copies in this process or one process each, ``env.vector``), seeded with ``seed`` (default
-    ``cfg.seed``; a resumed run passes a new one); with
-    ``env.obs_norm`` observations are standardised with statistics
-    from ``obs_norm_state`` (a resumed run's) or from ``env.obs_norm_init_steps`` random-action steps."""
+def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: int | None = None,
+                   num_envs: int | None = None):
+    """The training env: ``num_envs`` (default ``cfg.env.num_envs``) copies stepped together (by a batched
+    simulator, ``env.backend``, or as Gymnasium copies in this process or one process each, ``env.vector``), seeded
+    with ``seed`` (default ``cfg.seed``; a resumed run passes a new one); with ``env.obs_norm`` observations are
+    standardised with statistics from ``obs_norm_state`` (a resumed run's) or from ``env.obs_norm_init_steps``
+    random-action steps of each copy."""
     from torchrl.envs import (Compose, DoubleToFloat, InitTracker, ParallelEnv, RewardSum, SerialEnv, StepCounter,
                               TransformedEnv)
 
     from shared.backends import make_batched_env
 
-    n = cfg.env.num_envs
+    n = cfg.env.num_envs if num_envs is None else num_envs
     seed = cfg.seed if seed is None else seed
     if cfg.env.backend != "gymnasium":  # one batched simulator steps all n copies
         base = TransformedEnv(make_batched_env(cfg.env.backend, cfg.env.name, n, seed),
@@ -79,7 +98,7 @@ def obs_norm_state(env) -> dict | None:
 def make_eval_env(cfg: DictConfig, *, render: bool = False, obs_norm: dict | None = None):
     """The evaluation env: one copy, seeded apart from training; Atari plays whole games with raw scores.
     ``obs_norm`` (from :func:`obs_norm_state`) standardises observations as in training."""
-    env = make_env(cfg.env.name, seed=cfg.seed + 10_000, num_envs=1, render=render, atari=_atari_settings(cfg),
+    env = make_env(cfg.env.name, seed=eval_seed(cfg.seed), num_envs=1, render=render, atari=_atari_settings(cfg),
                    train=False, **_pixels(cfg))
     if obs_norm is not None:
         env.append_transform(_obs_norm(obs_norm))

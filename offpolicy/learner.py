@@ -94,18 +94,21 @@ class Learner:
         target_updater.init_()
 
     # --- one round ---------------------------------------------------------------------------------------------
-    def update(self, replay, n_steps: int, version: int) -> dict[str, float]:
+    def update(self, replay, n_steps: int, version: int, stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """``n_steps`` optimiser steps on batches from ``replay``; ``version`` is the newest policy version a sampled
-        transition may carry. Returns ``loss/`` means over the round and ``replay/`` statistics of its last sample."""
-        if n_steps == 0:
-            return {}
+        transition may carry; ``stop()`` true ends the round early, between two whole steps (a stop-now: the counters
+        then hold what ran). Returns ``loss/`` means over the round and ``replay/`` statistics of its last sample."""
         sums: dict[str, list[torch.Tensor]] = defaultdict(list)
         sample = None
         for sample in self._samples(replay, n_steps):
+            if stop is not None and stop():
+                break
             for key, value in self.step(sample, version).items():
                 sums[key].append(value)
             if self.prioritized:
                 self.write_priorities(replay, sample)
+        if not sums:
+            return {}
         out = {f"loss/{k}": float(torch.stack(v).mean()) for k, v in sums.items()}
         low, high = self.action_bounds if self.action_bounds is not None else (None, None)
         out.update({f"replay/{k}": v for k, v in action_stats(sample["action"].cpu(), low, high).items()})

@@ -23,7 +23,9 @@ def train_loop(cfg, engine, parts, run) -> None:
         collected = time.perf_counter()
         # 2. UTD x env steps optimiser steps (each with its target update), once replay holds the prefill
         asked = steps_per_batch if engine.replay_size() >= cfg.collector.prefill_env_steps else 0
-        learned, optim_steps = engine.update(asked, version=progress.batches)
+        learned, optim_steps = engine.update(asked, version=progress.batches, stop=lambda: run.stop_now)
+        if run.stop_now:  # a second Ctrl-C ended the round's updates early: the round records what ran
+            asked = optim_steps - progress.optim_steps
         # 3. the collectors act with the new weights (and exploration state) from the next round on
         published = engine.publish()
         report = RoundReport(index=progress.batches, rollout=rollout, replay_writes=engine.replay_writes(),

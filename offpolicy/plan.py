@@ -17,7 +17,7 @@ import psutil
 from omegaconf import DictConfig
 
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
-from offpolicy.envs import make_train_env
+from offpolicy.envs import eval_max_steps, make_train_env
 from offpolicy.replay import optim_steps_per_batch
 from shared.config import ConfigError, help_text, run_cli
 
@@ -69,7 +69,7 @@ def make_plan(cfg: DictConfig) -> dict:
         "replay_fits_here": replay_bytes < memory.available,
         "evaluations": cfg.total_env_steps // cfg.eval.interval_env_steps if cfg.eval.interval_env_steps else 0,
         "eval_interval_env_steps": cfg.eval.interval_env_steps,
-        "eval_episodes": cfg.eval.episodes, "eval_max_episode_steps": cfg.eval.max_episode_steps,
+        "eval_episodes": cfg.eval.episodes, "eval_max_episode_steps": eval_max_steps(cfg),  # Atari: whole games
         "final_eval_episodes": cfg.eval.final_episodes, "backend": cfg.env.backend, "threads": cfg.threads,
         "collector_cpus": cfg.ray.collector_cpus if ray else cfg.threads,
         "collector_gpus": cfg.ray.collector_gpus if ray else 0, "learner_gpus": cfg.ray.learner_gpus if ray else 0,

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from offpolicy.algorithms import build_parts
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, check_action_space, compose_config
-from offpolicy.engines import describe_failure, make_engine
+from offpolicy.engines import describe_failure, make_engine, training_env_copies
 from offpolicy.engines.base import LearnerLost
 from offpolicy.envs import eval_max_steps, make_eval_env, make_train_env, obs_norm_state
 from offpolicy.evaluate import AsyncEvaluator
@@ -57,7 +57,8 @@ class Run:
                                     evaluator.results[-1][1]["return"] if evaluator.results else None)
         self.checkpoint_path = run_dir / "checkpoints" / "last.pt"
         self.checkpoint_saved: Path | None = None  # the latest checkpoint written (or found) for this run
-        self.stop_requested = False
+        self.stop_requested = False  # first Ctrl-C / SIGTERM: stop after this round
+        self.stop_now = False  # second: stop after the current optimiser step (the round is recorded as it ran)
         interval = cfg.eval.interval_env_steps
         self._next_eval = (progress.env_steps // interval + 1) * interval if interval else None
         self._last_checkpoint = time.monotonic()
@@ -92,6 +93,11 @@ class Run:
         return self.checkpoint_saved
 
 
+def replay_storage(checkpoint: dict) -> str:
+    """The replay storage a checkpoint was written with (``memory`` or ``memmap``)."""
+    return checkpoint["config"]["replay"]["storage"]
+
+
 def _env_tag(name: str) -> str:
     return name.replace("/", "_")
 
@@ -102,7 +108,8 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
     torch.set_num_threads(cfg.threads)
     progress = Progress.from_state(checkpoint["counters"] if checkpoint is not None else None)
     seed = resumed_seed(cfg.seed, progress.env_steps)  # a resumed run plays new episodes, not the first run's again
-    env = make_train_env(cfg, checkpoint["obs_norm"] if checkpoint is not None else None, seed=seed)
+    env = make_train_env(cfg, checkpoint["obs_norm"] if checkpoint is not None else None, seed=seed,
+                         num_envs=training_env_copies(cfg))
     check_action_space(cfg, env)
     run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{_env_tag(cfg.env.name)}")
     parts = build_parts(cfg, env)
@@ -112,8 +119,8 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
         if checkpoint is not None:
             if parts.exploration is not None:
                 parts.exploration.load_state_dict(checkpoint["exploration"])
-            if checkpoint["replay"] is not None:
-                engine.restore_replay(checkpoint["replay"])
+            if checkpoint["replay"] is not None and replay_storage(checkpoint) == cfg.replay.storage:
+                engine.restore_replay(checkpoint["replay"])  # (another storage: the run resumes with an empty replay)
             engine.restore(checkpoint["learner"], version=progress.batches)
             torch.set_rng_state(checkpoint["rng"])
         per_batch = cfg.collector.env_steps_per_batch
@@ -153,16 +160,23 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
 
 
 def _train_until_stopped(cfg: DictConfig, engine, parts, run: Run) -> tuple[str, str | None]:
-    """Run the loop with Ctrl-C / SIGTERM turned into a stop after the current round (again: stop now); always save a
-    checkpoint at the end. Returns ``(status, error)``."""
+    """Run the loop with Ctrl-C / SIGTERM turned into a stop after the current round, a second one into a stop after
+    the current optimiser step (collection finishes its batch), and save a checkpoint at the end: every stop ends at
+    a round boundary with the counters matching the learner, so the checkpoint resumes. A third one aborts at once
+    and keeps the latest checkpoint on disk (written at a round boundary). Returns ``(status, error)``."""
     status, error = "completed", None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def stop(signum, frame):
         nonlocal status
         status = "interrupted"
-        run.stop_requested = True
-        print(f"\n{signal.Signals(signum).name}: stopping after this round (again to stop now)", file=sys.stderr)
+        name = signal.Signals(signum).name
+        if not run.stop_requested:
+            run.stop_requested = True
+            print(f"\n{name}: stopping after this round (again: after the current optimiser step)", file=sys.stderr)
+            return
+        run.stop_now = True
+        print(f"\n{name}: stopping after the current optimiser step (again: abort without saving)", file=sys.stderr)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -172,8 +186,10 @@ def _train_until_stopped(cfg: DictConfig, engine, parts, run: Run) -> tuple[str,
         train_loop(cfg, engine, parts, run)
     except InvariantError as exc:  # also when raised in a Ray learner rank (Ray's error derives from the cause)
         status, error = "invariant_broken", str(exc).strip().splitlines()[-1]
-    except KeyboardInterrupt:
-        status = "interrupted"
+    except KeyboardInterrupt:  # aborted mid-round: the state in memory is not at a round boundary, keep the last one
+        run.checkpoint_saved = run.checkpoint_path if run.checkpoint_path.exists() else None
+        print(f"aborted: not saved; the latest checkpoint is {run.checkpoint_saved}", file=sys.stderr)
+        return "interrupted", None
     except Exception as exc:
         error = describe_failure(exc)
         if error is None:
@@ -231,7 +247,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {summary['error']}; latest checkpoint: {summary['checkpoint']}", file=sys.stderr)
         return EXIT_FAILED
     if summary["status"] == "interrupted":
-        print(f"interrupted; checkpoint saved to {summary['checkpoint']}", file=sys.stderr)
+        print(f"interrupted; latest checkpoint: {summary['checkpoint']}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
 

@@ -63,3 +63,17 @@ def test_tensorboard_backend(tmp_path):
     assert s["status"] == "completed"
     assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
     assert read_scalars(tmp_path, "train/optim_steps")[0]  # CSV is always written too
+
+
+def test_seed_streams_of_collectors_and_evaluation_never_overlap():
+    """profile=scale has 4 collectors x 25,000 envs: every copy gets its own seed, and the evaluation env's stream is
+    none of them (the old scheme, collector k at seed + 1000 k and evaluation at seed + 10,000, repeated 24,000
+    streams per collector)."""
+    from offpolicy.envs import collector_seed, eval_seed
+
+    for seed in (0, 7):
+        n = 25_000
+        seeds = [collector_seed(seed, k, n) + j for k in range(4) for j in range(n)]
+        assert len(set(seeds)) == 4 * n
+        assert eval_seed(seed) not in set(seeds) and eval_seed(seed) == eval_seed(seed)
+    assert eval_seed(0) != eval_seed(1)

@@ -13,8 +13,8 @@ from offpolicy.invariants import InvariantError, check_finite
 ARGS = ("algo=dqn", "profile=smoke", "eval.interval_env_steps=0", "eval.final_episodes=0")
 
 
-def _run(tmp_path):
-    s = train_inprocess(*ARGS, f"run_dir={tmp_path}")
+def _run(tmp_path, *extra):
+    s = train_inprocess(*ARGS, *extra, f"run_dir={tmp_path}")
     assert (tmp_path / "checkpoints" / "last.pt").exists()
     assert (tmp_path / "summary.json").exists()
     return s
@@ -61,8 +61,8 @@ def test_missing_sample_key_stops_the_run(tmp_path, monkeypatch):
 def test_unpublished_weights_stop_the_run(tmp_path, monkeypatch):
     real = local.make_collector
 
-    def make(cfg, env, policy):
-        collector = real(cfg, env, policy)
+    def make(cfg, env, policy, seed=None):
+        collector = real(cfg, env, policy, seed)
         collector.update_policy_weights_ = lambda *a, **k: None  # weights never reach the collector
         return collector
 
@@ -91,13 +91,13 @@ def test_non_finite_metric_stops_the_run(tmp_path, monkeypatch):
 
     real = envs.make_train_env
 
-    def make(cfg, obs_norm_state=None, seed=None):
-        env = real(cfg, obs_norm_state, seed=seed)
+    def make(cfg, obs_norm_state=None, **kwargs):
+        env = real(cfg, obs_norm_state, **kwargs)
         env.append_transform(RewardScaling(loc=0.0, scale=float("nan")))  # every reward becomes NaN
         return env
 
     monkeypatch.setattr(train, "make_train_env", make)
-    s = _run(tmp_path)
+    s = _run(tmp_path, "collector.lean=false")  # torchrl's Collector steps the patched env
     assert s["status"] == "invariant_broken" and "non-finite metrics" in s["error"]
 
 

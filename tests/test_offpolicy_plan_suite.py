@@ -145,3 +145,10 @@ def test_env_step_table_only_measures_backends_that_can_run_the_env():
     assert available_backends(compose_config(["algo=sac"])[0]) == ("gymnasium", "envpool")
     for args in (["algo=dqn", "env=Pong"], ["algo=sac", "env.from_pixels=true"]):
         assert available_backends(compose_config(args)[0]) == ("gymnasium",)  # envpool has no ALE/pixels path here
+
+
+def test_atari_plan_times_whole_evaluation_games():
+    """Atari evaluation plays whole games (to game over or ALE's 108,000-frame cap: 27,000 agent steps at frame skip
+    4), not ``eval.max_episode_steps``: the plan bounds an evaluation episode by that."""
+    cfg, _ = compose_config(["algo=dqn", "profile=atari", "eval.max_episode_steps=500"])
+    assert make_plan(cfg)["eval_max_episode_steps"] == 27_001

@@ -204,3 +204,28 @@ def test_diverged_ranks_break_an_invariant(monkeypatch):
     engine = _engine_with_ranks(monkeypatch, [1.0, 1.5])
     with pytest.raises(InvariantError, match="learner rank 1's networks differ from rank 0's"):
         engine.learner_state()
+
+
+def test_learner_ranks_draw_from_the_runs_seed():
+    """A rank's samples and noise come from the run's seed (a resumed run passes a new one) and its rank: the same
+    seed repeats, a resumed run's seed or another rank draws anew (ranks used to reseed with seed + 1 + rank on
+    every resume)."""
+    from omegaconf import OmegaConf
+
+    from offpolicy.engines.ray import LearnerRank, Specs
+    from offpolicy.envs import make_train_env
+
+    cfg, _ = compose_config(["algo=dqn", "profile=smoke"])
+    env = make_train_env(cfg)
+    threads = torch.get_num_threads()
+
+    def draws(seed, rank):
+        LearnerRank(OmegaConf.to_container(cfg), Specs(env), None, rank, 2, seed)
+        return torch.rand(4)
+
+    try:
+        assert torch.equal(draws(5, 0), draws(5, 0))
+        assert not torch.equal(draws(5, 0), draws(6, 0))
+        assert not torch.equal(draws(5, 0), draws(5, 1))
+    finally:
+        torch.set_num_threads(threads)

@@ -54,7 +54,7 @@ def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
     cfg, _ = compose_config([f"resume={path}"])
     env = make_train_env(cfg)
     parts = build_parts(cfg, env)
-    engine = LocalEngine(cfg, env, parts, tmp_path)
+    engine = LocalEngine(cfg, env, parts, tmp_path, cfg.seed)
     try:
         engine.restore(ckpt["learner"], version=ckpt["counters"]["batches"])
         state = parts.loss.state_dict()
@@ -106,6 +106,40 @@ def test_ctrl_c_stops_cleanly_and_saves(tmp_path):
     ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert ckpt["counters"]["env_steps"] == s["env_steps"]
     assert ckpt["counters"]["optim_steps"] == s["optim_steps"]
+
+
+def test_a_second_ctrl_c_stops_mid_round_and_the_checkpoint_resumes(tmp_path):
+    """Ctrl-C twice while the learner is inside a long round: the run stops after the current optimiser step, the
+    round is recorded as it ran (counters = the learner's steps), and the checkpoint resumes without an invariant
+    error (it used to save the learner ahead of the counters)."""
+    long_rounds = ("optim.utd_ratio=50", "total_env_steps=100000000")  # 5,000 optimiser steps per 100-step batch
+    run_dir, log = tmp_path / "run", tmp_path / "log.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "offpolicy.train", *ARGS, *long_rounds, f"run_dir={run_dir}"],
+                            cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (run_dir / "logs" / "scalars" / "train" / "optim_steps.csv").exists():
+            time.sleep(0.1)  # the first learning round is logged: the second one is running
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 130 and "Traceback" not in text, text[-2000:]
+    assert "stopping after the current optimiser step" in text
+    ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    steps = ckpt["learner"]["steps"]
+    assert steps == ckpt["counters"]["optim_steps"] and steps % 5000 != 0  # stopped inside a round, counted as run
+    resumed = train_inprocess(f"resume={run_dir / 'checkpoints' / 'last.pt'}",
+                              f"total_env_steps={ckpt['counters']['env_steps'] + 300}", "optim.utd_ratio=0.5")
+    assert resumed["status"] == "completed" and resumed["error"] is None
+    # three more rounds: the replay (not in the checkpoint) refills the 200-step prefill, then two rounds of 50
+    # steps; nothing lost or counted twice
+    assert resumed["optim_steps"] == steps + 100
 
 
 def test_ctrl_c_during_the_final_evaluation_still_writes_the_summary(tmp_path):

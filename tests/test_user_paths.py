@@ -103,3 +103,48 @@ def test_a3c_evaluate_output_dir_that_cannot_be_created(blocked, tmp_path, capsy
     ckpt = save_checkpoint(tmp_path / "a3c.pt", A3C_CKPT)
     line = _cli(a3c_evaluate, [f"checkpoint={ckpt}", f"run_dir={blocked}"], capsys)
     assert line.startswith(f"error: run_dir={str(blocked)!r} cannot be created or written"), line
+
+
+def _smoke_run(tmp_path, *args):
+    """A finished off-policy smoke run (DQN, CartPole); returns its checkpoint."""
+    from offpolicy.train import compose_config, train
+
+    cfg, _ = compose_config(["algo=dqn", "profile=smoke", "eval.interval_env_steps=0", "eval.final_episodes=0",
+                             f"run_dir={tmp_path / 'run'}", *args])
+    train(cfg)
+    return tmp_path / "run" / "checkpoints" / "last.pt"
+
+
+def test_resume_that_changes_the_networks_shape(tmp_path, capsys):
+    from offpolicy.train import main as offpolicy_train
+
+    ckpt = _smoke_run(tmp_path)
+    line = _cli(offpolicy_train, [f"resume={ckpt}", "model.hidden=[64]"], capsys)
+    assert line == ("error: model.hidden=[64] differs from the resumed run's; allowed: [32, 32] (the checkpoint's "
+                    "networks were built for it)"), line
+
+
+def test_memmap_resume_with_its_files_gone(tmp_path, capsys):
+    """One error line naming the directory; ``replay.storage=memory`` then resumes with an empty replay."""
+    import json
+    import shutil
+
+    from offpolicy.train import main as offpolicy_train
+
+    ckpt = _smoke_run(tmp_path, "replay.storage=memmap")
+    shutil.rmtree(tmp_path / "run" / "replay")
+    line = _cli(offpolicy_train, [f"resume={ckpt}", "total_env_steps=500"], capsys)
+    assert line.startswith(f"error: replay.scratch_dir={str(tmp_path / 'run' / 'replay')!r}: the resumed run's "
+                           "replay files are gone; allowed:"), line
+    assert offpolicy_train([f"resume={ckpt}", "total_env_steps=500", "replay.storage=memory"]) == 0
+    resumed = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["env_steps"] == 500
+    # 100 steps before; the empty replay takes the 200-step prefill again (batches 4 and 5), then 50 steps
+    assert resumed["optim_steps"] == 150
+
+
+def test_obs_norm_on_an_atari_game(capsys):
+    from offpolicy.train import main as offpolicy_train
+
+    line = _cli(offpolicy_train, ["algo=dqn", "env=Pong", "env.obs_norm=true"], capsys)
+    assert line.startswith("error: env.obs_norm=true is not allowed with an ALE game; allowed:"), line

@@ -11,14 +11,22 @@ from offpolicy.engines.base import Engine
 
 def make_engine(cfg: DictConfig, env, parts, run_dir: Path, seed: int) -> Engine:
     """The engine ``cfg.engine`` names, built around ``parts`` (offpolicy/algorithms.py) and the training env (the
-    local collector's env, already seeded; Ray collectors build their own from the config, seeded from ``seed``)."""
+    local collector's env, already seeded with ``seed``; the local lean collector and the Ray collectors build their
+    own from the config, seeded from ``seed``, and then only read ``env``'s specs and statistics)."""
     if cfg.engine == "ray":
         from offpolicy.engines.ray import RayEngine
 
         return RayEngine(cfg, env, parts, seed)
     from offpolicy.engines.local import LocalEngine
 
-    return LocalEngine(cfg, env, parts, run_dir)
+    return LocalEngine(cfg, env, parts, run_dir, seed)
+
+
+def training_env_copies(cfg: DictConfig) -> int:
+    """Env copies the training process builds: all ``env.num_envs`` for the local engine (its collector steps them),
+    one for Ray, whose driver reads only the specs and the observation statistics (the collector actors build and
+    step their own copies)."""
+    return 1 if cfg.engine == "ray" else cfg.env.num_envs
 
 
 def describe_failure(exc: BaseException) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -90,9 +91,11 @@ class Engine(ABC):
         """Transitions ever written into replay (its ``write_count``)."""
 
     @abstractmethod
-    def update(self, n_steps: int, version: int) -> tuple[dict[str, float], int]:
+    def update(self, n_steps: int, version: int, stop: Callable[[], bool] | None = None
+               ) -> tuple[dict[str, float], int]:
         """``n_steps`` optimiser steps, each followed by its target update; no sampled transition may come from a
-        policy newer than ``version``. Returns the round's ``loss/`` and ``replay/`` metrics and the learner's
+        policy newer than ``version``; an engine that can stops between two steps once ``stop()`` is true (the
+        learner's count says how many ran). Returns the round's ``loss/`` and ``replay/`` metrics and the learner's
         optimiser-step count."""
 
     @abstractmethod

@@ -8,13 +8,18 @@ from omegaconf import DictConfig
 
 from offpolicy.algorithms import AlgoParts, make_learner
 from offpolicy.engines.base import Engine, Rollout, RolloutStats
-from offpolicy.envs import for_replay
+from offpolicy.collection import LeanCollector, lean_collection
+from offpolicy.envs import for_replay, obs_norm_state
 from offpolicy.replay import make_replay_buffer, replay_state, restore_replay, sample_shape
 
 
-def make_collector(cfg: DictConfig, env, policy):
-    """A local ``Collector`` running the stochastic policy; transitions carry the ``policy_version`` they were
-    collected with (bumped by every weight publication)."""
+def make_collector(cfg: DictConfig, env, policy, seed: int | None = None):
+    """The local collector running the stochastic policy on ``env`` (seeded by the caller): our
+    :class:`~offpolicy.collection.LeanCollector` where it applies (then seeded ``seed``, default ``cfg.seed``, and
+    ``env`` gives only its specs and observation statistics), else torchrl's ``Collector``. Transitions carry the
+    ``policy_version`` they were collected with (bumped by every weight publication)."""
+    if lean_collection(cfg):
+        return LeanCollector(cfg, env, policy, cfg.seed if seed is None else seed, obs_norm_state(env))
     from torchrl.collectors import Collector
     from torchrl.envs.llm.transforms import PolicyVersion
     from torchrl.envs.utils import ExplorationType
@@ -27,11 +32,11 @@ def make_collector(cfg: DictConfig, env, policy):
 
 class LocalEngine(Engine):
     """Everything in this process: the collector runs ``parts.collect_policy`` itself on ``env`` (seeded by the
-    caller), so publishing only bumps its policy version."""
+    caller with ``seed``), so publishing only bumps its policy version."""
 
-    def __init__(self, cfg: DictConfig, env, parts: AlgoParts, run_dir: Path):
+    def __init__(self, cfg: DictConfig, env, parts: AlgoParts, run_dir: Path, seed: int):
         self.cfg, self.run_dir = cfg, run_dir
-        self.collector = make_collector(cfg, env, parts.collect_policy)
+        self.collector = make_collector(cfg, env, parts.collect_policy, seed)
         self.replay = make_replay_buffer(cfg, run_dir)
         self.learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=sample_shape(cfg))
         self.stats = RolloutStats()
@@ -49,8 +54,8 @@ class LocalEngine(Engine):
     def replay_writes(self) -> int:
         return self.replay.write_count
 
-    def update(self, n_steps: int, version: int) -> tuple[dict[str, float], int]:
-        return self.learner.update(self.replay, n_steps, version), self.learner.steps
+    def update(self, n_steps: int, version: int, stop=None) -> tuple[dict[str, float], int]:
+        return self.learner.update(self.replay, n_steps, version, stop), self.learner.steps
 
     def publish(self) -> int:
         self.collector.update_policy_weights_()

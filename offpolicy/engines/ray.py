@@ -30,7 +30,7 @@ from tensordict import TensorDict
 
 from offpolicy.algorithms import AlgoParts, build_parts, make_learner
 from offpolicy.engines.base import Engine, LearnerLost, Rollout, RolloutStats
-from offpolicy.envs import for_replay, make_train_env, obs_norm_state
+from offpolicy.envs import collector_seed, for_replay, make_train_env, obs_norm_state
 from offpolicy.invariants import InvariantError
 from shared import compat
 from shared.config import ConfigError
@@ -80,7 +80,7 @@ warnings.filterwarnings("ignore", message="RayCollector iteration started before
 
 def _collector_env(cfg: DictConfig, index: int, obs_norm: dict | None, seed: int):
     """Collector ``index``'s envs: the local training env with seeds apart from every other collector's."""
-    return make_train_env(cfg, obs_norm, seed=seed + 1000 * index)
+    return make_train_env(cfg, obs_norm, seed=collector_seed(seed, index, cfg.env.num_envs))
 
 
 def make_collector(cfg: DictConfig, policy, replay, obs_norm: dict | None, seed: int):
@@ -132,7 +132,7 @@ class LearnerRank:
     over the ranks (torch.distributed all-reduce, what DDP does) before every optimiser step. Networks start equal
     on every rank (same seed) and stay equal."""
 
-    def __init__(self, cfg: dict, specs: Specs, replay, rank: int, world_size: int):
+    def __init__(self, cfg: dict, specs: Specs, replay, rank: int, world_size: int, seed: int):
         cfg = OmegaConf.create(cfg)
         torch.set_num_threads(cfg.threads)  # Ray starts an actor with one thread per reserved CPU
         torch.manual_seed(cfg.seed)  # the same initial networks on every rank
@@ -143,9 +143,11 @@ class LearnerRank:
         self.replay = replay
         self.learner = make_learner(cfg, self.parts, specs.action_spec_unbatched,
                                     sample_shape=(cfg.optim.batch_size // world_size,),
-                                    grad_sync=self._average if world_size > 1 else None,
+                                    grad_sync=partial(average_gradients, world_size=world_size) if world_size > 1
+                                    else None,
                                     chunk=max(cfg.ray.prefetch, 1), device=self.device)
-        torch.manual_seed(cfg.seed + 1 + rank)  # each rank draws its own samples and noise
+        # each rank draws its own samples and noise, from the run's seed (a resumed run's is new: new draws)
+        torch.manual_seed(seed + 1 + rank)
         self.backend = cfg.ray.backend
         self.timeout = datetime.timedelta(seconds=cfg.ray.setup_timeout_s)
 
@@ -164,19 +166,6 @@ class LearnerRank:
         dist.init_process_group(self.backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size, timeout=self.timeout)
 
-    def _average(self, params: list[torch.Tensor]) -> None:
-        import torch.distributed as dist
-
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        flat /= self.world_size
-        offset = 0
-        for p, g in zip(params, grads):
-            n = g.numel()
-            p.grad = flat[offset:offset + n].view_as(p)
-            offset += n
-
     def update(self, n_steps: int, version: int) -> tuple[dict[str, float], int]:
         return self.learner.update(self.replay, n_steps, version), self.learner.steps
 
@@ -189,6 +178,25 @@ class LearnerRank:
 
     def load_state_dict(self, state: dict) -> None:
         self.learner.load_state_dict(state)
+
+
+def average_gradients(params: list[torch.Tensor], world_size: int) -> None:
+    """Replace each parameter's gradient by its mean over the ``world_size`` ranks of the default process group (what
+    DDP does), in one all-reduce. A parameter without a gradient keeps none, as in the local engine (every rank runs
+    the same loss, so the same ones lack it): a zero there would still move it through Adam's momentum."""
+    import torch.distributed as dist
+
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in with_grad])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for p in with_grad:
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p)
+        offset += n
 
 
 def _to_cpu(tree):
@@ -216,7 +224,7 @@ class RayEngine(Engine):
             self.collector = make_collector(cfg, parts.collect_policy, self.replay, obs_norm_state(env), seed)
             rank_cls = ray.remote(num_cpus=cfg.ray.learner_cpus, num_gpus=cfg.ray.learner_gpus)(LearnerRank)
             config = OmegaConf.to_container(cfg, resolve=True)
-            self.ranks = [rank_cls.remote(config, Specs(env), self.replay.client(), rank, cfg.ray.world_size)
+            self.ranks = [rank_cls.remote(config, Specs(env), self.replay.client(), rank, cfg.ray.world_size, seed)
                           for rank in range(cfg.ray.world_size)]
             host, port = self._get(self.ranks[0].address.remote(), float(cfg.ray.setup_timeout_s))
             if cfg.ray.address is None:
@@ -227,6 +235,8 @@ class RayEngine(Engine):
         except BaseException:
             self.close()
             raise
+        finally:
+            env.close()  # the driver's copy gave its specs and statistics; the collector actors step their own
 
     def describe(self) -> str:
         c = self.cfg
@@ -249,7 +259,8 @@ class RayEngine(Engine):
     def replay_writes(self) -> int:
         return self.replay.write_count
 
-    def update(self, n_steps: int, version: int) -> tuple[dict[str, float], int]:
+    def update(self, n_steps: int, version: int, stop=None) -> tuple[dict[str, float], int]:
+        # a round runs in the ranks as one call: a stop-now takes effect after it (within ray.step_timeout_s)
         results = self._get([r.update.remote(n_steps, version) for r in self.ranks], self.timeout)
         steps = {s for _, s in results}
         if len(steps) != 1:
