@@ -1,14 +1,15 @@
-"""The local engine: collector, replay buffer and learner in this process (torchrl ``Collector``, a torchrl replay
-buffer, and :class:`offpolicy.learner.Learner`)."""
+"""The local engine: collector, replay buffer and learner in this process (our lean collector or torchrl's
+``Collector``, a torchrl replay buffer, and :class:`offpolicy.learner.Learner`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
 from offpolicy.algorithms import AlgoParts, make_learner
-from offpolicy.engines.base import Engine, Rollout, RolloutStats
 from offpolicy.collection import LeanCollector, lean_collection
+from offpolicy.engines.base import Engine, Rollout, RolloutStats
 from offpolicy.envs import for_replay, obs_norm_state
 from offpolicy.replay import make_replay_buffer, replay_state, restore_replay, sample_shape
 
@@ -17,17 +18,21 @@ def make_collector(cfg: DictConfig, env, policy, seed: int | None = None):
     """The local collector running the stochastic policy on ``env`` (seeded by the caller): our
     :class:`~offpolicy.collection.LeanCollector` where it applies (then seeded ``seed``, default ``cfg.seed``, and
     ``env`` gives only its specs and observation statistics), else torchrl's ``Collector``. Transitions carry the
-    ``policy_version`` they were collected with (bumped by every weight publication)."""
+    ``policy_version`` they were collected with (bumped by every weight publication). With ``compile.enabled`` the
+    policy runs under torch.compile too (one CartPole step of DQN's policy: 70 against 120 µs here)."""
     if lean_collection(cfg):
+        if cfg.compile.enabled:
+            policy = torch.compile(policy, mode=cfg.compile.mode)
         return LeanCollector(cfg, env, policy, cfg.seed if seed is None else seed, obs_norm_state(env))
     from torchrl.collectors import Collector
     from torchrl.envs.llm.transforms import PolicyVersion
     from torchrl.envs.utils import ExplorationType
 
+    compiled = ({"mode": cfg.compile.mode} if cfg.compile.mode else True) if cfg.compile.enabled else False
     # an explicit PolicyVersion: track_policy_version=True refuses batched (Serial/Parallel) envs
     return Collector(env, policy, frames_per_batch=cfg.collector.env_steps_per_batch, total_frames=-1,
                      exploration_type=ExplorationType.RANDOM, track_policy_version=PolicyVersion(),
-                     auto_register_policy_transforms=False)
+                     auto_register_policy_transforms=False, compile_policy=compiled)
 
 
 class LocalEngine(Engine):
