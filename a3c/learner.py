@@ -42,6 +42,9 @@ class A3CLearner:
     def update(self, rollout: TensorDict) -> dict[str, float]:
         """Apply one rollout (``[envs, t_max]``): one optimizer step, or one per shuffled minibatch."""
         self.gae(rollout)
+        # where the env forced FIRE after a lost life, the policy's sample never ran and changed nothing: its
+        # log-prob term would be off-policy noise, so only the value (its target is what happened) and entropy stay
+        rollout["advantage"] = rollout["advantage"].masked_fill(rollout["fire_forced"], 0.0)
         data = rollout.reshape(-1)
         if self.shuffler is None:
             return self._step(data)

@@ -23,11 +23,13 @@ class Rollout:
         The batch holds ``observation`` (uint8), ``action``, ``state_value`` and, under ``next``, the training
         ``reward`` / ``done`` / ``terminated`` and the bootstrap ``state_value``: the values come from the acting
         forward passes, so GAE needs no second pass over the data. A game cut at the frame cap is done but not
-        terminated: its bootstrap value is that of its last observation, not of the next game's first.
+        terminated: its bootstrap value is that of its last observation, not of the next game's first. ``action`` is
+        what the game ran: FIRE where the env forced it after a lost life (``fire_forced``), not the sampled one.
         """
         envs, steps = self.env.num_envs, self.t_max
         obs = torch.empty((envs, steps, *self.obs.shape[1:]), dtype=torch.uint8)
         actions = torch.empty((envs, steps), dtype=torch.int64)
+        fire_forced = torch.empty((envs, steps, 1), dtype=torch.bool)
         rewards = torch.empty((envs, steps, 1))
         dones = torch.empty((envs, steps, 1), dtype=torch.bool)
         terminated = torch.empty((envs, steps, 1), dtype=torch.bool)
@@ -39,7 +41,8 @@ class Rollout:
             logits, values[:, t] = model(self.obs)
             action = torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
             step = self.env.step(action.numpy())
-            actions[:, t] = action
+            actions[:, t] = torch.from_numpy(step.action)
+            fire_forced[:, t, 0] = torch.from_numpy(step.fire_forced)
             rewards[:, t, 0] = torch.from_numpy(step.reward)
             dones[:, t, 0] = torch.from_numpy(step.done)
             terminated[:, t, 0] = torch.from_numpy(step.terminated)
@@ -57,6 +60,7 @@ class Rollout:
             {
                 "observation": obs,
                 "action": actions,
+                "fire_forced": fire_forced,
                 "state_value": values[:, :steps],
                 "next": {"reward": rewards, "done": dones, "terminated": terminated, "state_value": next_values},
             },

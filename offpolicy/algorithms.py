@@ -92,12 +92,16 @@ def make_loss(cfg: DictConfig, actor, critic, action_spec):
                        fixed_alpha=cfg.sac.fixed_alpha, target_entropy=target_entropy, action_spec=action_spec,
                        deactivate_vmap=DEACTIVATE_VMAP)
     elif cfg.algo == "td3":
-        # target smoothing in units of the action range, as the TD3 paper (0.2 and 0.5 x max_action) and as the
-        # exploration noise here; torchrl's policy_noise is absolute
-        half_range = float(((action_spec.space.high - action_spec.space.low) / 2).mean())
-        loss = TD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2,
-                       policy_noise=cfg.td3.target_noise * half_range, noise_clip=cfg.td3.noise_clip * half_range,
-                       loss_function=fn, deactivate_vmap=DEACTIVATE_VMAP)
+        loss = TD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2, loss_function=fn,
+                       deactivate_vmap=DEACTIVATE_VMAP)
+        # target smoothing in units of each dimension's half range, as the TD3 paper (0.2 and 0.5 x max_action) and
+        # as the exploration noise here; torchrl's policy_noise and noise_clip are absolute. TD3Loss scales and clamps
+        # its noise with them as given, so per-dimension tensors work; as buffers they follow the loss to its device,
+        # and non-persistent ones leave the checkpoint's keys as they were (they come from the config)
+        half_range = (action_spec.space.high - action_spec.space.low) / 2
+        for name, scale in (("policy_noise", cfg.td3.target_noise), ("noise_clip", cfg.td3.noise_clip)):
+            delattr(loss, name)
+            loss.register_buffer(name, scale * half_range, persistent=False)
     else:
         loss = DDPGLoss(actor, critic, loss_function=fn, delay_actor=True, delay_value=True)
     estimator = {"td0": ValueEstimators.TD0, "td1": ValueEstimators.TD1, "tdlambda": ValueEstimators.TDLambda}

@@ -118,8 +118,15 @@ def _obs_norm(state: dict | None):
 def for_replay(rollout):
     """A collected rollout as replay stores it: ``[num_envs, T] -> [num_envs * T]`` single transitions; on Atari a
     lost life ends the training episode there (``terminated``: no bootstrap, DeepMind's episodic life) while the
-    game itself goes on. Runs in this process (local) or in each Ray collector actor."""
+    game itself goes on, and each transition's action is the one the game ran (FIRE after a lost life). Runs in this process (local) or in each Ray collector actor."""
     batch = rollout.reshape(-1)
+    executed = batch.get(("next", "executed_action"), None)
+    if executed is not None:  # Atari: FIRE ran after a lost life whatever the policy chose (shared/atari.py)
+        import torch
+
+        action = batch.get("action")
+        ran = torch.nn.functional.one_hot(executed.reshape(-1).long(), action.shape[-1])
+        batch.set("action", ran.to(action.dtype))
     lost = batch.get(("next", "life_lost"), None)
     if lost is not None:
         for key in ("terminated", "done"):

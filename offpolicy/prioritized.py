@@ -7,7 +7,9 @@ C++ extension (torchrl._torchrl) does not load against torch 2.13 here.
     loss = loss_module(batch)          # torchrl losses weight by "priority_weight" and write "td_error"
     rb.update_tensordict_priority(batch)
 
-Everything else (priority transform, max-priority for new items, importance weights, slices) is torchrl's code.
+Everything else (priority transform, max-priority for new items, importance weights, slices) is torchrl's code. The
+draws come from torch's RNG (the buffer's generator if it has one), never numpy's: the same ``torch.manual_seed``
+samples the same indices, and a checkpoint's ``torch.get_rng_state()`` continues the stream on resume.
 """
 from __future__ import annotations
 
@@ -92,9 +94,9 @@ class TorchSegmentTree:
         return (node - self.size).clamp_max_(self.capacity - 1).numpy()
 
 
-class _TorchTrees(compat.PrioritizedTreesHook):
-    """Mixin: torchrl's sampler on :class:`TorchSegmentTree` s (the hook into torchrl's tree building is in
-    shared/compat.py)."""
+class _TorchTrees(compat.SamplerOnTorchRNG, compat.PrioritizedTreesHook):
+    """Mixin: torchrl's sampler on :class:`TorchSegmentTree` s, drawing from torch's RNG (the hooks into torchrl's
+    tree building and generator are in shared/compat.py)."""
 
     tree_class = TorchSegmentTree
 

@@ -128,6 +128,8 @@ class AtariSignals:
       game's values), so returns stay real scores.
     - After a lost life, games with a FIRE action get FIRE as their next action (with ``fire_reset``): Breakout and
       the like relaunch the ball only on FIRE, and a greedy policy that never presses it would stall until the cap.
+      That step reports ``info["fire_forced"]`` and, for every game, ``info["executed_action"]``, so that consumers
+      record the action the game ran, not the one they asked for.
     """
 
     def __init__(self, env, settings: AtariSettings, *, train: bool):
@@ -166,15 +168,19 @@ class AtariSignals:
 
     def step(self, actions):
         actions = np.asarray(actions, dtype=np.int32).reshape(self.num_envs).copy()
-        if self.fire is not None:
-            actions[self._fire_next] = self.fire
+        # AtariVectorEnv steps all its games together, so the FIRE cannot be an extra emulator step inside one game's
+        # life-loss step (as a single-game FireResetEnv does): it takes the game's next step, and the step says so
+        forced = self._fire_next
+        if forced.any():
+            actions[forced] = self.fire
         obs, reward, terminated, truncated, info = self.env.step(actions)
         game_over = terminated | truncated
         self._score += reward
         self._length += 1
         life_lost = (info["lives"] < self._lives) & ~game_over  # at a game over, lives are the next game's
         self._lives[:] = info["lives"]
-        self._fire_next = life_lost
+        self._fire_next = life_lost & (self.fire is not None)
+        info["fire_forced"], info["executed_action"] = forced, actions
         info = self._with_game_keys(info, game_over, life_lost if self.episodic_life else None)
         if game_over.any():
             info["final_info"] = {k: info[k] for k in (*GAME_KEYS, "life_lost")}
@@ -195,8 +201,9 @@ class AtariStep:
     """One step of an :class:`AtariBatch`: the next observations (for a finished game already the next game's first)
     and the training signal: clipped ``reward``; ``done`` where a training episode ended (game over, frame cap or,
     with episodic life, a lost life); ``terminated`` where it ended for real (not at the frame cap, where the value
-    must be bootstrapped from ``final_obs``, the capped game's last observation); and the whole games that ended, as
-    ``(env_index, score, agent_steps)``."""
+    must be bootstrapped from ``final_obs``, the capped game's last observation); the whole games that ended, as
+    ``(env_index, score, agent_steps)``; and the ``action`` each game ran, FIRE where ``fire_forced`` (the step
+    after a lost life) whatever was asked."""
 
     obs: np.ndarray
     reward: np.ndarray
@@ -204,6 +211,8 @@ class AtariStep:
     terminated: np.ndarray
     final_obs: np.ndarray
     finished: list[tuple[int, float, int]]
+    action: np.ndarray
+    fire_forced: np.ndarray
 
 
 class AtariBatch:
@@ -233,7 +242,8 @@ class AtariBatch:
                     for i in np.flatnonzero(info["game_over"])]
         terminated = (terminated & ~truncated) | info["life_lost"]
         final_obs = self._format(info["final_obs"]) if truncated.any() else None
-        return AtariStep(self._format(obs), reward, terminated | truncated, terminated, final_obs, finished)
+        return AtariStep(self._format(obs), reward, terminated | truncated, terminated, final_obs, finished,
+                         info["executed_action"], info["fire_forced"])
 
     def close(self) -> None:
         self._env.close()

@@ -145,6 +145,26 @@ class PrioritizedTreesHook:
             tree.set_all(values[key])
 
 
+class SamplerOnTorchRNG:
+    """Mixin for torchrl 0.14.1's ``PrioritizedSampler`` / ``PrioritizedSliceSampler``: draw from torch's default
+    generator when the replay buffer was given none. torchrl's samplers read the private ``_rng`` (assigned by
+    ``ReplayBuffer.set_rng``, None by default), and ``PrioritizedSampler.sample`` then draws its masses from numpy's
+    global RNG, which nothing seeds or checkpoints: the same seed sampled other indices, and a resumed run sampled
+    another stream. torch's default generator is seeded by the run's ``torch.manual_seed`` and saved with
+    ``torch.get_rng_state()``. The masses are then float32 (torchrl's generator path): steps of 2^-24 of the total
+    priority, as fine as torchrl's own float32 C++ trees."""
+
+    _buffer_generator: torch.Generator | None = None
+
+    @property
+    def _rng(self) -> torch.Generator:
+        return torch.default_generator if self._buffer_generator is None else self._buffer_generator
+
+    @_rng.setter
+    def _rng(self, generator: torch.Generator | None) -> None:
+        self._buffer_generator = generator
+
+
 # --- torchrl / gymnasium: rendering -----------------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """GAE and loss on a worker's rollout, and the optional shuffled minibatches."""
 import copy
 
+import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.data import ReplayBuffer
@@ -20,6 +21,7 @@ def fake_rollout(seed: int, envs: int = ENVS, steps: int = STEPS, channels: int 
     return TensorDict({
         "observation": torch.randint(0, 255, (envs, steps, channels, size, size), dtype=torch.uint8, generator=g),
         "action": torch.randint(0, 4, (envs, steps), generator=g),
+        "fire_forced": torch.zeros(envs, steps, 1, dtype=torch.bool),
         "state_value": values[:, :steps],
         "next": {"reward": torch.randn(envs, steps, 1, generator=g), "done": dones, "terminated": dones,
                  "state_value": values[:, 1:]},
@@ -34,18 +36,23 @@ def _learner(minibatches=1, lr=0.0, gae_lambda=1.0, entropy_coeff=0.01):
                       rollout_size=ENVS * STEPS, minibatches=minibatches)
 
 
+def n_step_returns(rollout: TensorDict, gamma: float = 0.9) -> torch.Tensor:
+    """``[envs, steps]`` discounted returns to the end of the rollout, bootstrapped from the last next value."""
+    r, d = rollout["next", "reward"][..., 0], rollout["next", "done"][..., 0].float()
+    returns = torch.zeros(r.shape)
+    ret = rollout["next", "state_value"][:, -1, 0]  # bootstrap from the value after the last step
+    for t in reversed(range(r.shape[1])):
+        ret = r[:, t] + gamma * (1 - d[:, t]) * ret
+        returns[:, t] = ret
+    return returns
+
+
 def test_gae_lambda_one_gives_n_step_returns():
     rollout = fake_rollout(0)
     _learner().update(rollout)
-    r, d = rollout["next", "reward"][..., 0], rollout["next", "done"][..., 0].float()
-    v, v_next = rollout["state_value"][..., 0], rollout["next", "state_value"][..., 0]
-    expected = torch.zeros(ENVS, STEPS)
-    ret = v_next[:, -1]  # bootstrap from the value after the last step
-    for t in reversed(range(STEPS)):
-        ret = r[:, t] + 0.9 * (1 - d[:, t]) * ret
-        expected[:, t] = ret
+    expected = n_step_returns(rollout)
     torch.testing.assert_close(rollout["value_target"][..., 0], expected)
-    torch.testing.assert_close(rollout["advantage"][..., 0], expected - v)
+    torch.testing.assert_close(rollout["advantage"][..., 0], expected - rollout["state_value"][..., 0])
 
 
 def test_minibatches_are_shuffled_by_a_torchrl_buffer_and_cover_the_rollout():
@@ -64,10 +71,37 @@ def test_minibatches_are_shuffled_by_a_torchrl_buffer_and_cover_the_rollout():
     assert not torch.equal(sampled, in_rollout_order)  # shuffled, not split in order
 
 
-def test_update_reports_finite_losses():
-    metrics = _learner(lr=1e-3).update(fake_rollout(2))
-    assert set(metrics) >= {"loss/objective", "loss/critic", "loss/entropy", "a3c/grad_norm"}
-    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+def test_update_reports_the_losses_of_a_hand_computation():
+    """The reported losses, entropy, advantage and gradient norm are A2C's on this rollout, computed by hand from the
+    local model before its step: policy term -mean(log pi(a|s) A) with the n-step advantages (lambda 1) zeroed where
+    the env forced FIRE after a lost life (the sampled action never ran there), critic 0.5 mean((G - V(s))^2),
+    entropy bonus -0.01 mean(H)."""
+    from torch.distributions import Categorical
+
+    rollout = fake_rollout(2)
+    rollout["fire_forced"][0, 1] = rollout["fire_forced"][2, 3] = True
+    learner = _learner(lr=1e-3)
+    model = copy.deepcopy(learner.local)
+    logits, value = model(rollout["observation"].reshape(-1, 2, 36, 36))
+    returns = n_step_returns(rollout)
+    advantage = returns - rollout["state_value"][..., 0]
+    kept = (advantage * ~rollout["fire_forced"][..., 0]).reshape(-1)
+    dist = Categorical(logits=logits)
+    log_prob = dist.log_prob(rollout["action"].reshape(-1))
+    objective = -(log_prob * kept).mean()
+    critic = 0.5 * ((returns.reshape(-1) - value[:, 0]) ** 2).mean()
+    entropy = dist.entropy().mean()
+    (objective + critic - 0.01 * entropy).backward()
+    grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+
+    metrics = learner.update(rollout)
+    expected = {"loss/objective": objective, "loss/critic": critic, "loss/entropy": -0.01 * entropy,
+                "a3c/entropy": entropy, "a3c/advantage": kept.mean(), "a3c/grad_norm": grad_norm}
+    assert set(metrics) == set(expected)
+    for name, value in expected.items():
+        assert metrics[name] == pytest.approx(float(value), rel=1e-4, abs=1e-6), name
+    unmasked = -(log_prob * advantage.reshape(-1)).mean()
+    assert abs(float(unmasked - objective)) > 1e-3  # the forced steps' terms matter on this rollout
 
 
 def test_zero_entropy_coefficient_updates_without_an_entropy_term():
@@ -90,6 +124,15 @@ def test_a_game_cut_at_the_frame_cap_bootstraps_from_its_last_observation():
     settings = AtariSettings(name="Pong", max_episode_frames=200, image_size=36, frame_stack=2)  # 50 agent steps
     env = AtariBatch(settings, num_envs=2, seed=0)
     model = AtariActorCritic(num_actions=env.num_actions, in_channels=2, image_size=36, arch="small")
+    final_obs = []  # per step: ALE's last observations of the games capped there (None where none was)
+    play = env.step
+
+    def step(actions):
+        result = play(actions)
+        final_obs.append(None if result.final_obs is None else result.final_obs.copy())
+        return result
+
+    env.step = step
     try:
         batch, finished = Rollout(env, t_max=60).collect(model)
     finally:
@@ -97,12 +140,39 @@ def test_a_game_cut_at_the_frame_cap_bootstraps_from_its_last_observation():
     done, terminated = batch["next", "done"][..., 0], batch["next", "terminated"][..., 0]
     cut = done & ~terminated
     assert cut.sum() == 2 and len(finished) == 2  # both games capped (Pong lasts far longer than 50 steps)
+    for env_index, t in cut.nonzero().tolist():
+        with torch.no_grad():
+            last_value = model(torch.from_numpy(final_obs[t][env_index]).unsqueeze(0))[1]
+            reset_value = model(batch["observation"][env_index, t + 1].unsqueeze(0))[1]
+        torch.testing.assert_close(batch["next", "state_value"][env_index, t], last_value[0])
+        assert not torch.allclose(batch["next", "state_value"][env_index, t], reset_value)  # not the next game's start
     env_index, t = cut.nonzero()[0].tolist()
-    with torch.no_grad():
-        reset_value = model(batch["observation"][env_index, t + 1].unsqueeze(0))[1]
-    assert not torch.allclose(batch["next", "state_value"][env_index, t], reset_value)  # not the next game's start
     learner = _learner()
     learner.gae(batch)  # GAE bootstraps there: the advantage uses the capped game's own value
     r, v_next, v = (batch["next", "reward"][env_index, t, 0], batch["next", "state_value"][env_index, t, 0],
                     batch["state_value"][env_index, t, 0])
     torch.testing.assert_close(batch["advantage"][env_index, t, 0], r + 0.9 * v_next - v)
+
+
+def test_a_forced_fire_is_recorded_as_the_action_the_game_ran():
+    """A policy that only ever samples NOOP, in Breakout: after each lost life the env ran FIRE, and the rollout
+    records FIRE there, marked ``fire_forced`` (so the update drops that step's policy term), and NOOP everywhere
+    else; the game goes on after each relaunch, to its end."""
+    from a3c.rollout import Rollout
+    from shared.atari import AtariBatch, AtariSettings, atari_rom, fire_action
+
+    env = AtariBatch(AtariSettings(name="Breakout", image_size=36, frame_stack=2), num_envs=2, seed=0)
+    model = AtariActorCritic(num_actions=env.num_actions, in_channels=2, image_size=36, arch="small")
+    with torch.no_grad():
+        model.policy_head.weight.zero_()
+        model.policy_head.bias.copy_(torch.tensor([50.0, -50.0, -50.0, -50.0]))  # NOOP, always
+    try:
+        batch, finished = Rollout(env, t_max=150).collect(model)
+    finally:
+        env.close()
+    forced = batch["fire_forced"][..., 0]
+    assert (batch["action"][forced] == fire_action(atari_rom("Breakout"))).all()
+    assert (batch["action"][~forced] == 0).all()
+    ended = batch["next", "terminated"][..., 0]
+    assert not forced[:, 0].any() and ended[:, :-1][forced[:, 1:]].all()  # each one right after a lost life
+    assert (forced.sum(1) >= 4).all() and len(finished) == 2  # 4 relaunches per game, and the games ended

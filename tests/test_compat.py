@@ -53,6 +53,31 @@ def test_prioritized_sampler_builds_our_trees_and_checkpoints_them_as_tensors():
     assert restored.trees()[1].values[:4].tolist() == min_tree.values[:4].tolist()
 
 
+def test_prioritized_sampler_draws_from_the_buffers_generator_or_torchs():
+    """SamplerOnTorchRNG: torchrl's ReplayBuffer hands its generator to the sampler's private ``_rng`` and
+    PrioritizedSampler.sample draws from it; without one the draws follow torch's default generator (torchrl would
+    use numpy's global RNG)."""
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    from offpolicy.prioritized import TorchPrioritizedSampler
+
+    def draws(generator=None):
+        rb = ReplayBuffer(storage=LazyTensorStorage(50), sampler=TorchPrioritizedSampler(50, alpha=1.0, beta=1.0),
+                          batch_size=64, generator=generator)
+        rb.extend(torch.arange(50))  # each item is its own index
+        rb.update_priority(torch.arange(50), torch.linspace(0.1, 5.0, 50))
+        return rb.sample()
+
+    torch.manual_seed(0)
+    default = draws()
+    torch.manual_seed(0)
+    assert torch.equal(draws(), default)
+    torch.manual_seed(1)
+    own = draws(torch.Generator().manual_seed(7))
+    torch.manual_seed(2)  # the global state differs: only the buffer's generator counts
+    assert torch.equal(draws(torch.Generator().manual_seed(7)), own)
+
+
 def test_gym_env_of_reaches_the_gymnasium_env():
     import gymnasium
 

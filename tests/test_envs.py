@@ -4,7 +4,7 @@ import torch
 import pytest
 
 from shared.config import ConfigError
-from shared.atari import AtariBatch, AtariSettings, atari_rom, check_atari_name
+from shared.atari import AtariBatch, AtariSettings, atari_rom, check_atari_name, fire_action
 
 
 @pytest.mark.parametrize("name, rom", [("Pong", "pong"), ("ALE/Pong-v5", "pong"), ("PongNoFrameskip-v4", "pong"),
@@ -35,32 +35,71 @@ def test_stack_is_configurable():
     env.close()
 
 
+def _game_overs(step) -> np.ndarray:
+    """Which of the step's games ended (its ``finished`` as a mask)."""
+    return np.isin(np.arange(len(step.done)), [index for index, _, _ in step.finished])
+
+
 def _play(settings, steps, seed=0):
+    """``steps`` random actions in 2 games: per step the rewards, training dones and game overs, and the games that
+    ended as ``(env, score, agent_steps)``."""
     env = AtariBatch(settings, num_envs=2, seed=seed)
     env.reset()
     rng = np.random.default_rng(seed)
-    rewards, dones, finished = [], [], []
+    rewards, dones, overs, finished = [], [], [], []
     for _ in range(steps):
         step = env.step(rng.integers(0, env.num_actions, 2))
         rewards.append(step.reward)
         dones.append(step.done)
+        overs.append(_game_overs(step))
         finished += step.finished
     env.close()
-    return np.array(rewards), np.array(dones), finished
+    return np.array(rewards), np.array(dones), np.array(overs), finished
 
 
 def test_rewards_are_clipped_for_training_but_scores_stay_raw():
     # SpaceInvaders pays 5-30 points per alien: clipped training rewards are signs, the scores are raw sums
-    rewards, _, finished = _play(AtariSettings(name="SpaceInvaders"), 700)
+    rewards, _, _, finished = _play(AtariSettings(name="SpaceInvaders"), 700)
     assert set(np.unique(rewards)) <= {0.0, 1.0} and rewards.sum() > 0
     assert finished and all(score > 30 and float(score).is_integer() for _, score, _ in finished)
 
 
 def test_episodic_life_ends_training_episodes_only():
-    # Breakout has 5 lives: a lost life is a training `done`, but the game (the reported episode) goes on
-    _, dones, finished = _play(AtariSettings(name="Breakout"), 300)
-    _, dones_off, _ = _play(AtariSettings(name="Breakout", episodic_life=False), 300)
-    assert dones.sum() > len(finished) and dones_off.sum() < dones.sum()
+    """Breakout has 5 lives: each lost life is a training `done` while the game (the reported episode) goes on, so a
+    finished game is exactly 5 training episodes; without episodic life a training episode is the whole game. The
+    same seed and actions play the same games either way: episodic life changes the signal, not the game."""
+    _, dones, overs, finished = _play(AtariSettings(name="Breakout"), 400)
+    _, dones_off, overs_off, _ = _play(AtariSettings(name="Breakout", episodic_life=False), 400)
+    assert np.array_equal(overs_off, overs)
+    assert np.array_equal(dones_off, overs)
+    for env in range(2):
+        ends = np.flatnonzero(overs[:, env])
+        assert len(ends) >= 1
+        for start, end in zip([0, *(ends[:-1] + 1)], ends):
+            assert dones[start:end + 1, env].sum() == 5  # 4 lost lives, then the game over
+        assert dones[ends[-1] + 1:, env].sum() <= 4  # the game still going at the end
+    assert len(finished) == overs.sum()
+
+
+def test_the_step_after_a_lost_life_runs_fire_and_reports_it():
+    """After a lost life the env presses FIRE whatever was asked (Breakout relaunches the ball only on FIRE): that
+    step reports ``fire_forced`` and FIRE as the action the game ran, every other step the action asked for. An agent
+    that never presses FIRE still plays whole games, each ball relaunched."""
+    fire = fire_action(atari_rom("Breakout"))
+    env = AtariBatch(AtariSettings(name="Breakout"), num_envs=2, seed=0)
+    env.reset()
+    lost = np.zeros(2, dtype=bool)  # a life lost at the previous step, the game going on
+    forced = games = 0
+    try:
+        for _ in range(300):
+            step = env.step(np.zeros(2, dtype=np.int64))  # NOOP
+            assert np.array_equal(step.fire_forced, lost)
+            assert np.array_equal(step.action, np.where(lost, fire, 0))
+            lost = step.terminated & ~_game_overs(step)
+            forced, games = forced + step.fire_forced.sum(), games + len(step.finished)
+    finally:
+        env.close()
+    assert forced >= 16 and games >= 4  # 2 envs x 2 games x 4 relaunches, whole games of an agent that never fires
 
 
 def _offpolicy_breakout(steps, policy=None, seed=0):
@@ -97,10 +136,20 @@ def test_a_lost_life_ends_the_training_episode_but_not_the_game():
 
 def test_fire_after_a_lost_life_relaunches_the_ball():
     """A policy that never presses FIRE (always NOOP): in Breakout the ball comes back only on FIRE, so without the
-    FIRE after each lost life the game would stall with 4 lives until the frame cap."""
+    FIRE after each lost life the game would stall with 4 lives until the frame cap. The torchrl env reports what
+    each step ran as ``("next", "executed_action")``: FIRE right after each lost life, the NOOP asked for otherwise."""
     from tensordict.nn import TensorDictModule
 
     noop = TensorDictModule(lambda obs: torch.nn.functional.one_hot(torch.zeros(obs.shape[:-3], dtype=torch.long), 4),
                             in_keys=["observation"], out_keys=["action"])
-    nxt = _offpolicy_breakout(1500, noop)["next"]
+    from offpolicy.envs import for_replay
+
+    td = _offpolicy_breakout(1500, noop)
+    nxt = td["next"]
     assert nxt["game_over"].sum() >= 1 and nxt["life_lost"].sum() >= 4
+    lost, executed = nxt["life_lost"].reshape(-1), nxt["executed_action"].reshape(-1)
+    after_lost = torch.cat([torch.zeros(1, dtype=torch.bool), lost[:-1]])
+    ran = torch.where(after_lost, fire_action(atari_rom("Breakout")), 0)
+    assert torch.equal(executed, ran)
+    assert (td["action"].reshape(-1, 4).argmax(-1) == 0).all()  # the policy asked for NOOP every time...
+    assert torch.equal(for_replay(td)["action"].argmax(-1), ran)  # ...replay learns from what the game ran

@@ -1,8 +1,10 @@
 """The pure-torch prioritized sampler inside a real torchrl TensorDictReplayBuffer: uniform before any update,
 P(i) = p_i^alpha / sum after, importance weights (p_i / p_min)^(-alpha*beta) under "priority_weight", applied by a
-torchrl loss, priorities kept by state_dict and correct after the FIFO wraps around."""
+torchrl loss, priorities kept by state_dict and correct after the FIFO wraps around, and indices drawn from torch's RNG
+(the same seed samples the same indices; a checkpoint continues the stream)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -25,10 +27,14 @@ def _data(n: int, start: int = 0) -> TensorDict:
                                 "terminated": done.clone()}}, [n])
 
 
+def _empty_buffer() -> TensorDictReplayBuffer:
+    sampler = TorchPrioritizedSampler(N, alpha=ALPHA, beta=BETA)
+    return TensorDictReplayBuffer(storage=LazyTensorStorage(N), sampler=sampler, batch_size=B)
+
+
 def _buffer(n_items: int = N) -> TensorDictReplayBuffer:
     torch.manual_seed(0)
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(N), sampler=TorchPrioritizedSampler(N, alpha=ALPHA, beta=BETA),
-                                batch_size=B)
+    rb = _empty_buffer()
     rb.extend(_data(n_items))
     return rb
 
@@ -128,8 +134,7 @@ def test_state_dict_round_trip_keeps_priorities(tmp_path):
     rb = _buffer()
     _heat(rb)
     save_checkpoint(tmp_path / "ckpt.pt", {"replay": rb.state_dict()})
-    fresh = TensorDictReplayBuffer(storage=LazyTensorStorage(N), sampler=TorchPrioritizedSampler(N, alpha=ALPHA, beta=BETA),
-                                   batch_size=B)
+    fresh = _empty_buffer()
     fresh.load_state_dict(load_checkpoint(tmp_path / "ckpt.pt")["replay"])
     assert torch.equal(fresh.sampler._sum_tree.values.float(), rb.sampler._sum_tree.values.float())
     assert fresh.sampler.default_priority == pytest.approx(10.0)
@@ -169,12 +174,15 @@ def test_segment_tree_matches_brute_force():
     sums[torch.arange(cap).numpy()] = values
     mins[torch.arange(cap).numpy()] = values
     for _ in range(5):
-        idx = torch.randperm(cap)[:300]  # distinct slots: the reference below is the plain array, written alike
-        new = torch.rand(300, dtype=torch.float64) * 5
-        new[::7] = 0.0  # zero-priority slots
-        sums[idx.numpy()] = new
-        mins[idx.numpy()] = new
-        values[idx] = new
+        # priorities coming back for a batch sampled with replacement: slots repeat, and a repeated slot (the same
+        # transition) comes back with the same priority each time
+        idx = torch.randint(cap, (600,))
+        assert idx.unique().numel() < 550
+        priority = torch.rand(cap, dtype=torch.float64) * 5
+        priority[::7] = 0.0  # zero-priority slots
+        sums[idx.numpy()] = priority[idx]
+        mins[idx.numpy()] = priority[idx]
+        values[idx] = priority[idx]
     assert torch.allclose(sums.values, values)
     for left, right in [(0, cap), (0, 1), (13, 977), (500, 501), (999, 1000)]:
         assert sums.query(left, right) == pytest.approx(float(values[left:right].sum()))
@@ -186,3 +194,44 @@ def test_segment_tree_matches_brute_force():
     rebuilt = TorchSegmentTree(cap, "sum")
     rebuilt.set_all(values)
     assert torch.allclose(rebuilt.nodes, sums.nodes)
+    # one write giving a slot two different values: the slot keeps one of them and every inner node follows the leaves
+    sums[np.array([5, 700, 5])] = torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64)
+    assert float(sums.values[5]) in (1.0, 2.0) and float(sums.values[700]) == 3.0
+    rebuilt.set_all(sums.values)
+    assert torch.allclose(rebuilt.nodes, sums.nodes)
+    assert sums.query(0, cap) == pytest.approx(float(sums.values.sum()))
+
+
+def _draws(rb: TensorDictReplayBuffer, calls: int = 3) -> torch.Tensor:
+    return torch.cat([rb.sample()["index"] for _ in range(calls)])
+
+
+def test_the_same_torch_seed_samples_the_same_indices():
+    """Sampling draws from torch's RNG, which a run seeds with torch.manual_seed (torchrl's sampler drew from numpy's
+    global RNG, which nothing seeds: the same seed gave other batches)."""
+    first, second = _buffer(), _buffer()
+    _heat(first)
+    _heat(second)
+    torch.manual_seed(1)
+    drawn = _draws(first)
+    torch.manual_seed(1)
+    assert torch.equal(_draws(second), drawn)
+    assert not torch.equal(_draws(second), drawn)  # and the stream moves on
+
+
+def test_a_checkpoint_round_trip_continues_the_same_index_stream(tmp_path):
+    """A run checkpoints the replay's state_dict and torch.get_rng_state(): restored into a fresh buffer (in a process
+    whose RNG is elsewhere), sampling goes on exactly as the uninterrupted run."""
+    from shared.checkpoint import load_checkpoint, save_checkpoint
+
+    rb = _buffer()
+    _heat(rb)
+    rb.sample()
+    save_checkpoint(tmp_path / "ckpt.pt", {"replay": rb.state_dict(), "rng": torch.get_rng_state()})
+    uninterrupted = _draws(rb)
+    fresh = _empty_buffer()
+    checkpoint = load_checkpoint(tmp_path / "ckpt.pt")
+    fresh.load_state_dict(checkpoint["replay"])
+    torch.manual_seed(123)
+    torch.set_rng_state(checkpoint["rng"])
+    assert torch.equal(_draws(fresh), uninterrupted)

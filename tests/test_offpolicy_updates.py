@@ -137,7 +137,54 @@ def test_td3_target_smoothing_noise_is_scaled_to_the_action_range():
         loss = build_parts(cfg, env).loss
     finally:
         env.close()
-    assert loss.policy_noise == pytest.approx(0.08) and loss.noise_clip == pytest.approx(0.2)
+    assert loss.policy_noise.shape == loss.noise_clip.shape == (17,)
+    assert torch.allclose(loss.policy_noise, torch.tensor(0.08)) and torch.allclose(loss.noise_clip, torch.tensor(0.2))
+
+
+def test_td3_target_smoothing_noise_is_per_action_dimension():
+    """Action dimensions of ranges [-1, 1] and [-10, 10]: the noise added to the target policy's action is 0.2 x each
+    dimension's half range (std 0.2 and 2) clipped at 0.5 x it (0.5 and 5), as the exploration noise is per
+    dimension; one scalar from the mean half range (1.1 clipped at 2.75) swamps the narrow dimension. The scales are
+    buffers, so they follow the loss to its device, and stay out of its checkpointed state."""
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+    from torch import nn
+    from torchrl.data import Bounded
+    from torchrl.modules import ValueOperator
+
+    from offpolicy.algorithms import make_loss
+
+    cfg, _ = compose_config(["algo=td3", "env=Pendulum-v1", "profile=smoke"])
+    half_range = torch.tensor([1.0, 10.0])
+    spec = Bounded(low=-half_range, high=half_range, shape=(2,))
+    actor = TensorDictModule(nn.Linear(1, 2), in_keys=["observation"], out_keys=["action"])
+    nn.init.zeros_(actor.module.weight)
+    nn.init.zeros_(actor.module.bias)  # the target action before smoothing is 0: what the critic sees is the noise
+    next_actions = []
+
+    class Critic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(3, 1)
+
+        def forward(self, observation, action):
+            if (observation == 1).all():  # the target pass (next observations are 1, current ones 0)
+                next_actions.append(action.detach().clone())
+            return self.net(torch.cat([observation, action], -1))
+
+    loss = make_loss(cfg, actor, ValueOperator(Critic(), in_keys=["observation", "action"]), spec)
+    n = 20_000
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    batch = TensorDict({"observation": torch.zeros(n, 1), "action": torch.zeros(n, 2),
+                        "next": {"observation": torch.ones(n, 1), "reward": torch.zeros(n, 1), "done": done,
+                                 "terminated": done.clone()}}, [n])
+    torch.manual_seed(0)
+    loss.value_loss(batch)
+    noise = next_actions[0]
+    assert torch.equal(noise.abs().amax(0), cfg.td3.noise_clip * half_range)  # clipped per dimension, and reached
+    assert torch.allclose(noise.std(0) / half_range, torch.tensor(cfg.td3.target_noise), rtol=0.05)
+    assert {"policy_noise", "noise_clip"} <= {name for name, _ in loss.named_buffers()}
+    assert not {"policy_noise", "noise_clip"} & set(loss.state_dict())
 
 
 @pytest.mark.parametrize("algo", ["dqn", "sac", "ddpg", "td3"])
