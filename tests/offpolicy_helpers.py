@@ -26,3 +26,26 @@ def train_inprocess(*args: str):
 
 def summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def smoke_parts(algo: str, *overrides: str):
+    """``profile=smoke`` parts of ``algo`` (DQN on CartPole, the others on Pendulum) built from seed 0, and one
+    collected batch, flattened: returns ``(cfg, env, parts, batch)`` (``env`` gives specs; its collector is shut)."""
+    import torch
+
+    from offpolicy.algorithms import build_parts
+    from offpolicy.config import compose_config
+    from offpolicy.engines.local import make_collector
+    from offpolicy.envs import make_train_env
+
+    env_name = "CartPole-v1" if algo == "dqn" else "Pendulum-v1"
+    cfg, _ = compose_config([f"algo={algo}", f"env={env_name}", "profile=smoke", *overrides])
+    torch.manual_seed(0)
+    env = make_train_env(cfg)
+    parts = build_parts(cfg, env)
+    collector = make_collector(cfg, env, parts.collect_policy)
+    try:
+        batch = next(iter(collector)).reshape(-1)
+    finally:
+        collector.shutdown()
+    return cfg, env, parts, batch

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from offpolicy_helpers import summary, train_inprocess
+from offpolicy_helpers import smoke_parts, summary, train_inprocess
 
-from offpolicy.algorithms import build_parts, make_learner
-from offpolicy.config import compose_config
-from offpolicy.engines.local import make_collector
-from offpolicy.envs import make_train_env
+from offpolicy.algorithms import make_learner
 
 
 class _Replay:
@@ -23,17 +20,7 @@ class _Replay:
 
 
 def _learner(algo, *overrides, batch_size=32):
-    env_name = "CartPole-v1" if algo == "dqn" else "Pendulum-v1"
-    cfg, _ = compose_config([f"algo={algo}", f"env={env_name}", "profile=smoke", f"optim.batch_size={batch_size}",
-                             *overrides])
-    torch.manual_seed(0)
-    env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
-    collector = make_collector(cfg, env, parts.collect_policy)
-    try:
-        batch = next(iter(collector)).reshape(-1)
-    finally:
-        collector.shutdown()
+    cfg, env, parts, batch = smoke_parts(algo, f"optim.batch_size={batch_size}", *overrides)
     learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(batch_size,))
     return learner, parts, _Replay(batch)
 

@@ -4,25 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from offpolicy_helpers import smoke_parts
 
 from offpolicy.algorithms import build_parts, make_learner
 from offpolicy.config import compose_config
-from offpolicy.engines.local import make_collector
 from offpolicy.envs import make_train_env
 from offpolicy.replay import sample_shape
 
 
 def _parts(algo, *overrides):
-    env_name = "CartPole-v1" if algo == "dqn" else "Pendulum-v1"
-    cfg, _ = compose_config([f"algo={algo}", f"env={env_name}", "profile=smoke", *overrides])
-    torch.manual_seed(0)
-    env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
-    collector = make_collector(cfg, env, parts.collect_policy)
-    try:
-        batch = next(iter(collector)).reshape(-1)
-    finally:
-        collector.shutdown()
+    cfg, _, parts, batch = smoke_parts(algo, *overrides)
     return cfg, parts, batch
 
 
