@@ -44,6 +44,7 @@ class LeanCollector:
 
     def __init__(self, cfg: DictConfig, spec_env, policy, seed: int, obs_norm: dict | None):
         import gymnasium as gym
+        from torchrl.data import OneHot
 
         n = cfg.env.num_envs
         self.spec_env, self.policy = spec_env, policy
@@ -53,7 +54,8 @@ class LeanCollector:
         observation, _ = self.envs.reset(seed=[seed + i for i in range(n)])
         self.norm = (obs_norm["loc"], obs_norm["scale"]) if obs_norm is not None else None
         self.observation = self._observation(observation)
-        self.discrete = cfg.algo == "dqn"  # one-hot actions (torchrl's OneHot spec) -> the env's integer actions
+        # one-hot actions (torchrl's OneHot spec, DQN) -> the env's integer actions
+        self.discrete = isinstance(spec_env.action_spec_unbatched, OneHot)
         self.episode_reward = torch.zeros(n, 1)
         self.step_count = torch.zeros(n, 1, dtype=torch.int64)
         self.is_init = torch.ones(n, 1, dtype=torch.bool)
