@@ -168,3 +168,38 @@ def test_a_resumed_run_plays_new_episodes(tmp_path):
     train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_env_steps=400")
     observations = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["replay"]["_storage"]["_storage"]["observation"]
     assert not torch.equal(observations[200], observations[0])  # the resumed segment's first reset is a new one
+
+
+def test_kill_9_at_random_moments_always_leaves_a_checkpoint_that_resumes(tmp_path):
+    """SIGKILL (no handler runs) at random moments, three times in a row, each time resuming from the last checkpoint
+    on disk: checkpoints are written atomically and only at round boundaries, so every one resumes, the counters only
+    move forward, and the last run completes with every invariant holding."""
+    import random
+
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    rng = random.Random(0)
+    args = [*ARGS, "checkpoint.interval_s=1", "optim.utd_ratio=5", "total_env_steps=100000000", f"run_dir={run_dir}"]
+    seen = []
+    for attempt in range(3):
+        cmd = args if attempt == 0 else [f"resume={ckpt}", "total_env_steps=100000000"]
+        proc = subprocess.Popen([sys.executable, "-m", "offpolicy.train", *cmd], cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            before = ckpt.stat().st_mtime if ckpt.exists() else 0.0
+            deadline = time.time() + 120
+            while time.time() < deadline and not (ckpt.exists() and ckpt.stat().st_mtime > before):
+                time.sleep(0.05)  # this attempt has written a checkpoint of its own
+            time.sleep(rng.uniform(0.0, 2.0))  # then anywhere: collecting, learning or writing the next one
+            assert proc.poll() is None  # still training when killed
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        state = load_checkpoint(ckpt)
+        assert state["learner"]["steps"] == state["counters"]["optim_steps"]
+        seen.append(state["counters"]["env_steps"])
+    assert seen == sorted(seen) and seen[0] > 0
+    final = train_inprocess(f"resume={ckpt}", f"total_env_steps={seen[-1] + 300}")
+    assert final["status"] == "completed" and final["error"] is None and final["env_steps"] == seen[-1] + 300
