@@ -229,3 +229,20 @@ def test_learner_ranks_draw_from_the_runs_seed():
         assert not torch.equal(draws(5, 0), draws(5, 1))
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_ray_failure_wrapped_in_another_error_is_still_one_line():
+    """torchrl's collectors may raise their own error from Ray's: it is still named as a Ray failure (one line, exit
+    4), not a traceback; an error with no Ray error behind it is not."""
+    import ray.exceptions
+
+    from offpolicy.engines.ray import describe_ray_failure
+
+    try:
+        try:
+            raise ray.exceptions.GetTimeoutError("collector.next timed out")
+        except ray.exceptions.GetTimeoutError as inner:
+            raise RuntimeError("collection failed") from inner
+    except RuntimeError as exc:
+        assert describe_ray_failure(exc) == "a Ray actor did not answer in time (collector.next timed out)"
+    assert describe_ray_failure(ValueError("not Ray")) is None

@@ -230,7 +230,6 @@ class RayEngine(Engine):
             if cfg.ray.address is None:
                 host = "127.0.0.1"
             self._get([r.connect.remote(host, port) for r in self.ranks], float(cfg.ray.setup_timeout_s))
-            self.published = 0
             self._rounds = iter(self.collector)  # one item per round (None: the actors wrote into replay)
         except BaseException:
             self.close()
@@ -269,11 +268,12 @@ class RayEngine(Engine):
         return metrics, steps.pop()
 
     def publish(self) -> int:
+        """Send rank 0's policy to the collectors; returns the version the collector actors report (the lowest, so
+        an actor that missed a publication breaks the round invariant)."""
         weights = self._get(self.ranks[0].policy_weights.remote(), self.timeout)
         weights.to_module(self.parts.eval_policy)  # also the actor inside the collection policy
         self.collector.update_policy_weights_(TensorDict.from_module(self.parts.collect_policy).data)
-        self.published += 1
-        return self.published
+        return min(self.collector.map_fn("get_policy_version"))
 
     def learner_state(self) -> dict:
         """Rank 0's learner state, after checking that every rank holds the same networks (what gradient
@@ -293,10 +293,12 @@ class RayEngine(Engine):
     def restore(self, learner_state: dict, version: int) -> None:
         self._get([r.load_state_dict.remote(learner_state) for r in self.ranks], self.timeout)
         self.parts.loss.load_state_dict(learner_state["loss"])
-        self.published = version
-        # the collectors' PolicyVersion starts at 0: one publication per missing version brings them to `version`
-        for _ in range(version):
+        # the collectors' PolicyVersion starts at 0: one publication of the restored weights, then version counts
+        # (no weights) bring them to `version`
+        if version:
             self.collector.update_policy_weights_(TensorDict.from_module(self.parts.collect_policy).data)
+            for _ in range(version - 1):
+                self.collector.map_fn("increment_version")
 
     def replay_state(self) -> dict | None:
         return None  # the replay actor is not checkpointed (replay.in_checkpoint is refused with engine=ray)
@@ -320,9 +322,12 @@ def describe_ray_failure(exc: BaseException) -> str | None:
     """One line: which kind of actor failed and Ray's reason (None: not a Ray failure)."""
     import ray.exceptions
 
-    text = " ".join(str(exc).split())
-    if not isinstance(exc, ray.exceptions.RayError):
+    # the Ray error itself, or the one a wrapper (torchrl's collectors) raised its own error from
+    while exc is not None and not isinstance(exc, ray.exceptions.RayError):
+        exc = exc.__cause__ or exc.__context__
+    if exc is None:
         return None
+    text = " ".join(str(exc).split())
     if isinstance(exc, ray.exceptions.GetTimeoutError):
         return f"a Ray actor did not answer in time ({text[:300]})"
     if isinstance(exc, ray.exceptions.RayActorError):
