@@ -103,9 +103,10 @@ class LeanCollector:
                 truncated = torch.as_tensor(truncated).reshape(n, 1)
                 done = terminated | truncated
                 ended = done.reshape(n)
+                any_ended = bool(ended.any())
                 next_obs = self._observation(obs)
                 last = next_obs
-                if ended.any():  # same-step autoreset: obs starts the new episode; the true last one is in info
+                if any_ended:  # same-step autoreset: obs starts the new episode; the true last one is in info
                     last = next_obs.clone()
                     last[ended] = self._observation(np.stack(info["final_obs"][info["_final_obs"]]))
                 reward = torch.as_tensor(reward, dtype=torch.float32).reshape(n, 1)
@@ -113,10 +114,10 @@ class LeanCollector:
                 self.step_count += 1
                 rows.append((self.observation, action, self.is_init, self.traj_ids.clone(), last, reward, done,
                              terminated, truncated, self.episode_reward.clone(), self.step_count.clone()))
-                self.episode_reward[ended] = 0.0
-                self.step_count[ended] = 0
                 self.is_init = done
-                if ended.any():
+                if any_ended:
+                    self.episode_reward[ended] = 0.0
+                    self.step_count[ended] = 0
                     new = int(ended.sum())
                     self.traj_ids[ended] = torch.arange(self.next_traj_id, self.next_traj_id + new)
                     self.next_traj_id += new

@@ -11,6 +11,7 @@ import torch
 from offpolicy.algorithms import build_parts
 from offpolicy.collection import LeanCollector, lean_collection
 from offpolicy.config import compose_config
+from offpolicy.engines import training_env_copies
 from offpolicy.engines.local import make_collector
 from offpolicy.envs import make_train_env
 
@@ -105,3 +106,6 @@ def test_where_the_lean_collector_applies():
     assert not lean_collection(cfg("env.num_envs=4", "env.vector=process"))
     assert not lean_collection(cfg("env.backend=envpool"))
     assert not lean_collection(cfg("engine=ray"))
+    # the training process builds one torchrl copy (specs, observation statistics) unless torchrl's Collector steps all
+    assert training_env_copies(cfg("env.num_envs=4")) == 1
+    assert training_env_copies(cfg("env.num_envs=4", "collector.lean=false")) == 4

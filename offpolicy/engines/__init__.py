@@ -23,10 +23,12 @@ def make_engine(cfg: DictConfig, env, parts, run_dir: Path, seed: int) -> Engine
 
 
 def training_env_copies(cfg: DictConfig) -> int:
-    """Env copies the training process builds: all ``env.num_envs`` for the local engine (its collector steps them),
-    one for Ray, whose driver reads only the specs and the observation statistics (the collector actors build and
-    step their own copies)."""
-    return 1 if cfg.engine == "ray" else cfg.env.num_envs
+    """Env copies the training process builds as torchrl envs: all ``env.num_envs`` when torchrl's local Collector
+    steps them; one when only its specs and observation statistics are read: the Ray driver (the collector actors
+    build their own copies) and the local lean collector (it steps Gymnasium copies of its own)."""
+    from offpolicy.collection import lean_collection
+
+    return 1 if cfg.engine == "ray" or lean_collection(cfg) else cfg.env.num_envs
 
 
 def describe_failure(exc: BaseException) -> str | None:
