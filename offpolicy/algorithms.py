@@ -17,7 +17,7 @@ from torch import nn
 from offpolicy.learner import SAMPLE_CHUNK, CompileOptions, Learner
 from offpolicy.updates import OptimGroup, TargetUpdate
 from shared import compat
-from shared.models import AtariTrunk, PixelEncoder, mlp
+from shared.models import AtariTrunk, DuelingHead, PixelEncoder, mlp
 
 ALGOS = ("dqn", "sac", "ddpg", "td3")
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
@@ -233,17 +233,29 @@ def _noise_value(module) -> Callable[[], float]:
     return lambda: float(module.sigma if hasattr(module, "sigma") else module.eps)
 
 
+def _q_network(cfg, obs_spec, n_actions: int) -> nn.Module:
+    """DQN's ``observation -> Q values``: the Nature CNN on Atari frames (uint8 [C, H, W]) or the configured MLP;
+    with ``dqn.dueling`` the last dense layer (Atari: 512 units) becomes a value and an advantage stream."""
+    if obs_spec.dtype == torch.uint8:
+        trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature", dense=not cfg.dqn.dueling,
+                           channels_last=True)
+        head = (DuelingHead(trunk.out_features, n_actions, 512) if cfg.dqn.dueling
+                else nn.Linear(trunk.out_features, n_actions))
+        return nn.Sequential(trunk, head)
+    hidden = _hidden(cfg)
+    if not cfg.dqn.dueling:
+        return mlp(obs_spec.shape[-1], n_actions, hidden, _act(cfg))
+    body = mlp(obs_spec.shape[-1], hidden[-2], hidden[:-2], _act(cfg)) if len(hidden) > 1 else nn.Identity()
+    width = hidden[-2] if len(hidden) > 1 else obs_spec.shape[-1]
+    activation = [_act(cfg)()] if len(hidden) > 1 else []
+    return nn.Sequential(body, *activation, DuelingHead(width, n_actions, hidden[-1], _act(cfg)))
+
+
 def _dqn(cfg, env) -> AlgoParts:
     from torchrl.modules import EGreedyModule, QValueActor
 
     obs_spec, action_spec = _specs(env)
-    n_actions = action_spec.shape[-1]
-    if obs_spec.dtype == torch.uint8:  # Atari frames [C, H, W]
-        trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature")
-        net = nn.Sequential(trunk, nn.Linear(trunk.out_features, n_actions))
-    else:
-        net = mlp(obs_spec.shape[-1], n_actions, _hidden(cfg), _act(cfg))
-    qnet = QValueActor(net, in_keys=["observation"], spec=action_spec)
+    qnet = QValueActor(_q_network(cfg, obs_spec, action_spec.shape[-1]), in_keys=["observation"], spec=action_spec)
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
                            annealing_num_steps=cfg.dqn.eps_anneal_env_steps)
     loss = make_loss(cfg, None, qnet, action_spec)

@@ -56,6 +56,7 @@ RULES = {
     "loss.value_estimator": Rule(choices=("td0", "td1", "tdlambda")),
     "loss.gamma": Rule(min=0, max=1),
     "loss.lmbda": Rule(min=0, max=1),
+    "loss.n_steps": Rule(min=1, integer=True),
     "loss.function": Rule(choices=("l2", "smooth_l1")),
     "target.mode": Rule(choices=("soft", "hard")),
     "target.tau": Rule(min=1e-9, max=0.5),
@@ -148,6 +149,12 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if cfg.loss.value_estimator != "td0" and not cfg.replay.slice_len:
         raise ConfigError(f"loss.value_estimator={cfg.loss.value_estimator} is not allowed without "
                           "replay.slice_len; allowed: td0, or set replay.slice_len so targets run along trajectories")
+    if cfg.loss.n_steps > 1 and (cfg.loss.value_estimator != "td0" or cfg.replay.slice_len):
+        raise ConfigError(f"loss.n_steps={cfg.loss.n_steps} is not allowed with loss.value_estimator="
+                          f"{cfg.loss.value_estimator} and replay.slice_len={cfg.replay.slice_len}; allowed: n_steps > 1 "
+                          "with td0 and no slice_len (td1 / tdlambda already look further ahead)")
+    if cfg.replay.frames_once:
+        _check_frames_once(cfg)
     if (cfg.env.from_pixels or is_atari(cfg)) and cfg.env.obs_norm:
         raise ConfigError(f"env.obs_norm=true is not allowed with {'an ALE game' if is_atari(cfg) else 'env.from_pixels=true'}"
                           "; allowed: obs_norm for state observations (images are scaled by 1/255 in the encoder)")
@@ -167,9 +174,22 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     return cfg, checkpoint
 
 
+def _check_frames_once(cfg: DictConfig) -> None:
+    """``replay.frames_once`` rebuilds ALE frame stacks from one in-memory stream per env, sampled uniformly."""
+    unsupported = {"env.name": None if is_atari(cfg) else cfg.env.name, "engine": "ray" if cfg.engine == "ray" else None,
+                   "replay.storage": "memmap" if cfg.replay.storage == "memmap" else None,
+                   "replay.prioritized": True if cfg.replay.prioritized else None,
+                   "replay.slice_len": cfg.replay.slice_len}
+    for key, value in unsupported.items():
+        if value is not None:
+            raise ConfigError(f"{key}={value!r} is not allowed with replay.frames_once=true; allowed: an ALE game, "
+                              "engine=local, replay.storage=memory, uniform replay (no prioritized, no slice_len)")
+
+
 # what the checkpoint's networks and optimisers were built for: a resume cannot change them
 SHAPE_KEYS = ("model.hidden", "model.activation", "env.name", "env.from_pixels", "env.image_size",
-              "env.atari.frame_stack", "env.atari.image_size")
+              "env.atari.frame_stack", "env.atari.image_size", "dqn.dueling")
+SHAPE_KEYS_ADDED = {"dqn.dueling": False}  # keys newer than some checkpoints: what those were built with
 
 
 def _check_resumable(cfg: DictConfig, checkpoint: dict) -> None:
@@ -177,9 +197,14 @@ def _check_resumable(cfg: DictConfig, checkpoint: dict) -> None:
     ``replay.storage=memory``, refilled by the prefill)."""
     saved = OmegaConf.create(_renamed_keys(checkpoint["config"]))
     for key in SHAPE_KEYS:
-        if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
+        was = OmegaConf.select(saved, key, default=SHAPE_KEYS_ADDED.get(key) if saved.algo == "dqn" else None)
+        if OmegaConf.select(cfg, key) != was:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} differs from the resumed run's; allowed: "
-                              f"{OmegaConf.select(saved, key)} (the checkpoint's networks were built for it)")
+                              f"{was} (the checkpoint's networks were built for it)")
+    saved_frames_once = bool(OmegaConf.select(saved, "replay.frames_once", default=False))
+    if checkpoint.get("replay") is not None and saved_frames_once != cfg.replay.frames_once:
+        raise ConfigError(f"replay.frames_once={cfg.replay.frames_once} differs from the resumed run's saved replay; "
+                          f"allowed: {saved_frames_once} (the checkpoint's replay is stored in that layout)")
     if checkpoint.get("replay") is not None and saved.replay.storage == cfg.replay.storage == "memmap":
         scratch = replay_scratch_dir(cfg, Path(cfg.run_dir))
         if not (scratch / "meta.json").exists():

@@ -26,9 +26,14 @@ USAGE = "usage: python -m offpolicy.plan [algo=dqn|sac|ddpg|td3] profile=NAME [k
 
 def transition_bytes(cfg: DictConfig) -> int:
     """Bytes one stored transition takes: a real step of one env copy, with the keys the collector adds
-    (policy version, trajectory id)."""
+    (policy version, trajectory id); with ``replay.frames_once``, one frame and its slot's fields."""
     import torch
     from omegaconf import OmegaConf
+
+    if cfg.replay.frames_once:
+        from offpolicy.frame_replay import frame_replay_bytes_per_transition
+
+        return frame_replay_bytes_per_transition(cfg.env.atari.image_size)
 
     one = OmegaConf.merge(cfg, {"env": {"num_envs": 1, "obs_norm": False}})
     env = make_train_env(one)

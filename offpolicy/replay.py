@@ -18,11 +18,17 @@ def replay_scratch_dir(cfg: DictConfig, run_dir: Path) -> Path:
 def make_replay_buffer(cfg: DictConfig, run_dir: Path | None = None):
     """The replay buffer: FIFO of ``replay.size`` transitions in RAM or memory-mapped files (``replay.storage``),
     sampled uniformly, by priority (``replay.prioritized``) or as sub-trajectories of ``replay.slice_len`` steps
-    (``optim.batch_size / slice_len`` of them, so each step still replays ``batch_size`` transitions)."""
+    (``optim.batch_size / slice_len`` of them, so each step still replays ``batch_size`` transitions); written as
+    ``loss.n_steps``-step transitions. Atari with ``replay.frames_once``: each frame stored once
+    (:class:`~offpolicy.frame_replay.FrameReplay`)."""
     from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
     from torchrl.data.replay_buffers import RandomSampler, SliceSampler
 
     size = cfg.replay.size
+    if cfg.replay.frames_once:
+        from offpolicy.frame_replay import FrameReplay
+
+        return FrameReplay(size, cfg.env.num_envs, cfg.env.atari.frame_stack, cfg.loss.n_steps, cfg.loss.gamma)
     if cfg.replay.storage == "memmap":
         key = "replay.scratch_dir" if cfg.replay.scratch_dir else "run_dir"
         ensure_writable_dir(replay_scratch_dir(cfg, run_dir), key)
@@ -46,7 +52,18 @@ def make_replay_buffer(cfg: DictConfig, run_dir: Path | None = None):
         sampler = SliceSampler(**slices)
     else:
         sampler = RandomSampler()
-    return TensorDictReplayBuffer(storage=storage, sampler=sampler)  # the learner passes its batch size
+    # the learner passes its batch size
+    return TensorDictReplayBuffer(storage=storage, sampler=sampler, transform=n_step_transform(cfg))
+
+
+def n_step_transform(cfg: DictConfig):
+    """The replay transform writing ``loss.n_steps``-step transitions (None for 1-step); each write is one
+    collector's batch of ``env.num_envs`` envs."""
+    if cfg.loss.n_steps == 1:
+        return None
+    from offpolicy.nstep import NStepReturns
+
+    return NStepReturns(cfg.loss.n_steps, cfg.loss.gamma, cfg.env.num_envs)
 
 
 def replay_state(cfg: DictConfig, replay) -> dict:

@@ -17,7 +17,7 @@ PROFILES = sorted(p.stem for p in (CONFIG_ROOT / "offpolicy" / "profile").glob("
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_profile_plans(profile):
-    algo = "dqn" if profile == "atari" else "sac"  # the Atari profile is DQN's
+    algo = "dqn" if profile.startswith("atari") else "sac"  # the Atari profiles are DQN's
     cfg, _ = compose_config([f"algo={algo}", f"profile={profile}"])
     plan = make_plan(cfg)
     assert plan["transitions"] >= cfg.total_env_steps and plan["envs"] == plan["collectors"] * cfg.env.num_envs

@@ -32,6 +32,7 @@ from offpolicy.algorithms import AlgoParts, build_parts, make_learner
 from offpolicy.engines.base import Engine, LearnerLost, Rollout, RolloutStats
 from offpolicy.envs import collector_seed, for_replay, make_train_env, obs_norm_state
 from offpolicy.invariants import InvariantError
+from offpolicy.replay import n_step_transform
 from shared import compat
 from shared.config import ConfigError
 
@@ -116,6 +117,7 @@ def make_replay_buffer(cfg: DictConfig):
 
     return RayReplayBuffer(replay_buffer_cls=TensorDictReplayBuffer,
                            storage=partial(LazyTensorStorage, cfg.replay.size), sampler=RandomSampler,
+                           transform=n_step_transform(cfg),
                            remote_config={"num_cpus": 0}, ray_init_config={"address": "auto"})
 
 

@@ -1,0 +1,239 @@
+"""n-step returns (``loss.n_steps``), the dueling Q head (``dqn.dueling``) and the Atari replay that stores each frame
+once (``replay.frames_once``): hand-computed n-step targets at every cut, stacks rebuilt from stored frames equal to
+the stacks the env produced (episode starts, lost lives, game overs, batch boundaries, the ring's wrap, a restarted
+stream), checkpoints, bad values."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from offpolicy_helpers import run_cli, summary, train_inprocess
+from tensordict import TensorDict
+
+from offpolicy.algorithms import build_parts
+from offpolicy.config import compose_config
+from offpolicy.engines.local import make_collector
+from offpolicy.envs import for_replay, make_train_env
+from offpolicy.frame_replay import FrameReplay
+from offpolicy.nstep import n_step_transitions
+from offpolicy.plan import make_plan
+from shared.config import ConfigError
+
+
+def _rollout(T=10, terminated=(), truncated=(), life_lost=()):
+    """One env's T steps: observation t, next observation t + 1 (100 + t where the step ended), reward t + 1."""
+    ended = torch.zeros(1, T, 1, dtype=torch.bool)
+    term, trunc, lost = ended.clone(), ended.clone(), torch.zeros(1, T, dtype=torch.bool)
+    for t in terminated:
+        term[0, t] = True
+    for t in truncated:
+        trunc[0, t] = True
+    for t in life_lost:
+        lost[0, t] = True
+    time = torch.arange(T, dtype=torch.float32).view(1, T, 1)
+    next_obs = torch.where(term | trunc, 100 + time, time + 1)
+    return TensorDict({"observation": time, "action": torch.zeros(1, T, 2),
+                       "next": {"observation": next_obs, "reward": time + 1, "terminated": term, "truncated": trunc,
+                                "done": term | trunc, "life_lost": lost}}, batch_size=[1, T])
+
+
+def test_n_step_targets_stop_at_termination_truncation_lost_life_and_batch_end():
+    gamma, r = 0.5, lambda t: t + 1.0
+    # terminated at 3, truncated at 6, a lost life at 8 (for_replay ends the training episode there), batch ends at 9
+    batch = for_replay(_rollout(terminated=[3], truncated=[6], life_lost=[8])).reshape(1, -1)
+    out = n_step_transitions(batch, n=3, gamma=gamma)
+    expected = {  # t: (steps k, last step of the window)
+        0: (3, 2), 1: (3, 3), 2: (2, 3), 3: (1, 3), 4: (3, 6), 5: (2, 6), 6: (1, 6), 7: (2, 8), 8: (1, 8), 9: (1, 9)}
+    for t, (k, last) in expected.items():
+        assert int(out["steps_to_next_obs"][0, t]) == k, t
+        assert float(out["next", "reward"][0, t]) == pytest.approx(sum(gamma ** i * r(t + i) for i in range(k))), t
+        assert float(out["next", "observation"][0, t]) == float(batch["next", "observation"][0, last]), t
+        for key in ("done", "terminated", "truncated"):
+            assert bool(out["next", key][0, t]) == bool(batch["next", key][0, last]), (t, key)
+        assert float(out["observation"][0, t]) == t  # the root entries stay step t's
+    one = n_step_transitions(batch, n=1, gamma=gamma)
+    assert torch.equal(one["next", "reward"], batch["next", "reward"]) and one["steps_to_next_obs"].eq(1).all()
+
+
+def test_value_target_discounts_the_bootstrap_by_gamma_to_the_k():
+    """torchrl's TD(0) estimator reads steps_to_next_obs: target = R + gamma^k (1 - terminated) V(next)."""
+    cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=smoke", "loss.n_steps=3", "loss.gamma=0.9"])
+    env = make_train_env(cfg)
+    try:
+        parts = build_parts(cfg, env)
+    finally:
+        env.close()
+    td = TensorDict({"steps_to_next_obs": torch.tensor([[1], [2], [3], [3]]),
+                     "next": {"reward": torch.tensor([[1.0], [2.0], [3.0], [4.0]]),
+                              "done": torch.tensor([[False], [False], [False], [True]]),
+                              "terminated": torch.tensor([[False], [False], [False], [True]])}}, batch_size=[4])
+    target = parts.loss.value_estimator.value_estimate(td, next_value=torch.full((4, 1), 10.0))
+    assert torch.allclose(target.flatten(), torch.tensor([1 + 9.0, 2 + 8.1, 3 + 7.29, 4.0]))
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "2.5", "three"])
+def test_bad_n_steps_is_one_error_line(value):
+    with pytest.raises(ConfigError, match="loss.n_steps"):
+        compose_config(["algo=dqn", "profile=smoke", f"loss.n_steps={value}"])
+
+
+def test_bad_n_steps_exits_2_without_traceback():
+    result = run_cli("algo=dqn", "profile=smoke", "loss.n_steps=0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        line for line in result.stderr.splitlines() if line.strip()]
+    assert "loss.n_steps=0" in result.stderr
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["loss.n_steps=3", "loss.value_estimator=tdlambda", "replay.slice_len=8"], "loss.n_steps"),
+    (["replay.frames_once=true"], "env.name"),  # CartPole has no frames
+    (["env=Pong", "replay.frames_once=true", "replay.prioritized=true"], "replay.prioritized"),
+    (["env=Pong", "replay.frames_once=true", "replay.storage=memmap"], "replay.storage"),
+    (["env=Pong", "replay.frames_once=true", "engine=ray"], "engine"),
+])
+def test_n_step_and_frames_once_refuse_what_they_do_not_support(overrides, key):
+    with pytest.raises(ConfigError, match=key):
+        compose_config(["algo=dqn", "profile=smoke", *overrides])
+
+
+# --- frames stored once: real Breakout data (lives, short random games) ---------------------------------------------
+
+ENVS, STEPS, BATCHES = 2, 50, 16  # 800 steps per env: several lost lives and game overs under random actions
+
+
+@pytest.fixture(scope="module")
+def breakout_batches():
+    """16 collected batches of 2 Breakout envs (random actions), flattened by ``for_replay``; each stamped with its
+    batch index as policy version. The collector is replaced after batch 8 (new seed): the stream restarts there, as
+    in a resumed run."""
+    batches = []
+    for part, seed in ((0, 0), (1, 7)):
+        cfg, _ = compose_config(["algo=dqn", "profile=atari", "env=Breakout", f"env.num_envs={ENVS}",
+                                 f"collector.env_steps_per_batch={ENVS * STEPS}", f"seed={seed}"])
+        env = make_train_env(cfg)
+        parts = build_parts(cfg, env)
+        collector = make_collector(cfg, env, parts.collect_policy)
+        try:
+            for i, batch in zip(range(BATCHES // 2), collector):
+                batch = for_replay(batch)
+                batch.set(("next", "policy_version"), torch.full_like(batch["next", "policy_version"],
+                                                                       part * BATCHES // 2 + i))
+                batches.append(batch)
+        finally:
+            collector.shutdown()
+    return batches
+
+
+def _key(obs, next_obs) -> bytes:
+    return obs.numpy().tobytes() + next_obs.numpy().tobytes()
+
+
+def _env_transitions(batches, n: int, gamma: float) -> dict[bytes, set]:
+    """What the env produced, as n-step transitions: (observation, next observation) -> their fields."""
+    table: dict[bytes, set] = {}
+    for batch in batches:
+        steps = n_step_transitions(batch.reshape(ENVS, -1), n, gamma).reshape(-1)
+        for i in range(steps.numel()):
+            s = steps[i]
+            fields = (int(s["action"].argmax()), round(float(s["next", "reward"]), 5),
+                      int(s["steps_to_next_obs"]) if n > 1 else 1,
+                      *(bool(s["next", k]) for k in ("terminated", "truncated", "done")))
+            table.setdefault(_key(s["observation"], s["next", "observation"]), set()).add(fields)
+    return table
+
+
+@pytest.mark.parametrize("n,size", [(1, 600), (3, 600), (3, 2000)])
+def test_sampled_stacks_equal_the_env_stacks(breakout_batches, n, size):
+    """600: 300 transitions per env, the ring wraps about twice; 2000: all kept, with the restarted stream."""
+    replay = FrameReplay(size, ENVS, 4, n_steps=n, gamma=0.99, generator=torch.Generator().manual_seed(0))
+    for batch in breakout_batches:
+        replay.extend(batch)
+    assert replay.write_count == ENVS * STEPS * BATCHES
+    held = min(size, ENVS * STEPS * BATCHES)
+    assert held - 40 <= len(replay) <= held  # final-frame slots and the oldest stacks' history take a few
+    table = _env_transitions(breakout_batches, n, 0.99)
+    sample = replay.sample(4000)
+    assert sample["observation"].shape == (4000, 4, 84, 84) and sample["observation"].dtype == torch.uint8
+    assert sample["action"].shape == (4000, breakout_batches[0]["action"].shape[-1])
+    for i in range(len(sample)):
+        s = sample[i]
+        fields = (int(s["action"].argmax()), round(float(s["next", "reward"]), 5), int(s["steps_to_next_obs"]),
+                  *(bool(s["next", k]) for k in ("terminated", "truncated", "done")))
+        assert fields in table.get(_key(s["observation"], s["next", "observation"]), set()), i
+    # the samples cover the hard cases: episode starts (zero frames), ends (game over and lost life), short windows
+    assert (sample["observation"][:, 0].flatten(1).amax(1) == 0).any()
+    assert sample["next", "terminated"].any() and sample["next", "done"].sum() > sample["next", "truncated"].sum()
+    if n > 1:
+        assert (sample["steps_to_next_obs"] < n).any() and (sample["steps_to_next_obs"] == n).any()
+    versions = sample["next", "policy_version"]
+    if size == 600:  # only what the ring still holds: ~6 of 16 batches
+        assert int(versions.max()) == BATCHES - 1 and int(versions.min()) >= BATCHES - 8
+    else:  # all, with the last transitions before the restart (their next frame kept as a final frame)
+        assert int(versions.min()) == 0 and (versions == BATCHES // 2 - 1).any()
+
+
+def test_frame_replay_state_round_trips_through_a_safe_load(breakout_batches):
+    replay = FrameReplay(1000, ENVS, 4, n_steps=3)
+    for batch in breakout_batches[:5]:
+        replay.extend(batch)
+    buffer = io.BytesIO()
+    torch.save(replay.state_dict(), buffer)
+    buffer.seek(0)
+    restored = FrameReplay(1000, ENVS, 4, n_steps=3)
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    assert len(restored) == len(replay) and restored.write_count == replay.write_count
+    replay.generator, restored.generator = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    assert (replay.sample(64) == restored.sample(64)).all()
+    for batch in breakout_batches[5:7]:  # both go on identically
+        replay.extend(batch)
+        restored.extend(batch)
+    assert (replay.data == restored.data).all()
+    with pytest.raises(ValueError, match="slots"):
+        FrameReplay(2000, ENVS, 4).load_state_dict(replay.state_dict())
+
+
+def test_atari_replay_bytes_per_transition():
+    frames_once = make_plan(compose_config(["algo=dqn", "profile=atari"])[0])["bytes_per_transition"]
+    stacks = make_plan(compose_config(["algo=dqn", "profile=atari_cleanrl"])[0])["bytes_per_transition"]
+    assert frames_once <= 8192 and stacks > 56_000
+    assert frames_once == 84 * 84 + 16
+
+
+def test_atari_frames_once_resumes_with_its_replay(tmp_path):
+    common = ["algo=dqn", "profile=atari", "env=Breakout", "env.num_envs=2", "collector.env_steps_per_batch=100",
+              "collector.prefill_env_steps=200", "replay.size=1000", "replay.in_checkpoint=true",
+              "eval.interval_env_steps=0", "eval.final_episodes=0", "logger.progress_bar=false", "threads=1"]
+    first = train_inprocess(*common, "total_env_steps=300", f"run_dir={tmp_path / 'a'}")
+    assert first["status"] == "completed" and first["replay_writes"] == 300
+    resumed = train_inprocess(*common, "total_env_steps=500", f"resume={first['checkpoint']}",
+                              f"run_dir={tmp_path / 'b'}")
+    assert resumed["replay_writes"] == 500 and resumed["env_steps"] == 500
+    assert resumed["optim_steps"] == first["optim_steps"] + 20  # two rounds of 10 updates, replay already full enough
+    assert summary(tmp_path / "b")["status"] == "completed"
+
+
+# --- dueling head ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("env_name,hidden", [("CartPole-v1", "[64,32]"), ("CartPole-v1", "[16]"), ("Pong", "[512]")])
+def test_dueling_q_is_value_plus_centred_advantage(env_name, hidden):
+    cfg, _ = compose_config(["algo=dqn", "profile=smoke", f"env={env_name}", "dqn.dueling=true",
+                             f"model.hidden={hidden}"])
+    env = make_train_env(cfg)
+    try:
+        parts = build_parts(cfg, env)
+        obs = env.reset()["observation"]
+    finally:
+        env.close()
+    net = parts.eval_policy.module[0].module  # QValueActor -> its Q network
+    *body, head = net
+    features = torch.nn.Sequential(*body)(obs)
+    value, advantage = head.value(features), head.advantage(features)
+    q = net(obs)
+    assert q.shape[-1] == env.action_spec_unbatched.shape[-1] and value.shape[-1] == 1
+    assert torch.allclose(q.mean(-1, keepdim=True), value, atol=1e-5)  # mean over actions of A - mean(A) is 0
+    assert torch.allclose(q - value, advantage - advantage.mean(-1, keepdim=True), atol=1e-5)
+    q[..., 0].sum().backward()  # both streams get gradients (the sum over all actions leaves A out)
+    for stream in (head.value, head.advantage):
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in stream.parameters())
