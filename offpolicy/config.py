@@ -56,7 +56,7 @@ RULES = {
     "loss.value_estimator": Rule(choices=("td0", "td1", "tdlambda")),
     "loss.gamma": Rule(min=0, max=1),
     "loss.lmbda": Rule(min=0, max=1),
-    "loss.n_steps": Rule(min=1, integer=True),
+    "loss.n_steps": Rule(min=1, max=255, integer=True),  # FrameReplay keeps the window length in a uint8
     "loss.function": Rule(choices=("l2", "smooth_l1")),
     "target.mode": Rule(choices=("soft", "hard")),
     "target.tau": Rule(min=1e-9, max=0.5),
@@ -149,6 +149,12 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if cfg.loss.value_estimator != "td0" and not cfg.replay.slice_len:
         raise ConfigError(f"loss.value_estimator={cfg.loss.value_estimator} is not allowed without "
                           "replay.slice_len; allowed: td0, or set replay.slice_len so targets run along trajectories")
+    steps_per_env = cfg.collector.env_steps_per_batch // cfg.env.num_envs // (
+        cfg.ray.num_collectors if cfg.engine == "ray" else 1)
+    if cfg.loss.n_steps > max(steps_per_env, 1):
+        raise ConfigError(f"loss.n_steps={cfg.loss.n_steps} is not allowed; allowed: <= the {steps_per_env} steps each "
+                          "env takes per collected batch (collector.env_steps_per_batch / env.num_envs / collectors): "
+                          "windows stop at the batch's end")
     if cfg.loss.n_steps > 1 and (cfg.loss.value_estimator != "td0" or cfg.replay.slice_len):
         raise ConfigError(f"loss.n_steps={cfg.loss.n_steps} is not allowed with loss.value_estimator="
                           f"{cfg.loss.value_estimator} and replay.slice_len={cfg.replay.slice_len}; allowed: n_steps > 1 "
@@ -179,17 +185,21 @@ def _check_frames_once(cfg: DictConfig) -> None:
     unsupported = {"env.name": None if is_atari(cfg) else cfg.env.name, "engine": "ray" if cfg.engine == "ray" else None,
                    "replay.storage": "memmap" if cfg.replay.storage == "memmap" else None,
                    "replay.prioritized": True if cfg.replay.prioritized else None,
-                   "replay.slice_len": cfg.replay.slice_len}
+                   "replay.slice_len": cfg.replay.slice_len,
+                   "replay.size": (cfg.replay.size if cfg.replay.size < 2 * cfg.collector.env_steps_per_batch
+                                   else None)}
     for key, value in unsupported.items():
         if value is not None:
             raise ConfigError(f"{key}={value!r} is not allowed with replay.frames_once=true; allowed: an ALE game, "
-                              "engine=local, replay.storage=memory, uniform replay (no prioritized, no slice_len)")
+                              "engine=local, replay.storage=memory, uniform replay (no prioritized, no slice_len), "
+                              "replay.size >= 2 x collector.env_steps_per_batch")
 
 
 # what the checkpoint's networks and optimisers were built for: a resume cannot change them
 SHAPE_KEYS = ("model.hidden", "model.activation", "env.name", "env.from_pixels", "env.image_size",
               "env.atari.frame_stack", "env.atari.image_size", "dqn.dueling")
-SHAPE_KEYS_ADDED = {"dqn.dueling": False}  # keys newer than some checkpoints: what those were built with
+# what a saved replay was written with: a resume that restores it cannot change them
+REPLAY_KEYS = ("loss.n_steps", "replay.frames_once")
 
 
 def _check_resumable(cfg: DictConfig, checkpoint: dict) -> None:
@@ -197,14 +207,16 @@ def _check_resumable(cfg: DictConfig, checkpoint: dict) -> None:
     ``replay.storage=memory``, refilled by the prefill)."""
     saved = OmegaConf.create(_renamed_keys(checkpoint["config"]))
     for key in SHAPE_KEYS:
-        was = OmegaConf.select(saved, key, default=SHAPE_KEYS_ADDED.get(key) if saved.algo == "dqn" else None)
-        if OmegaConf.select(cfg, key) != was:
+        if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} differs from the resumed run's; allowed: "
-                              f"{was} (the checkpoint's networks were built for it)")
-    saved_frames_once = bool(OmegaConf.select(saved, "replay.frames_once", default=False))
-    if checkpoint.get("replay") is not None and saved_frames_once != cfg.replay.frames_once:
-        raise ConfigError(f"replay.frames_once={cfg.replay.frames_once} differs from the resumed run's saved replay; "
-                          f"allowed: {saved_frames_once} (the checkpoint's replay is stored in that layout)")
+                              f"{OmegaConf.select(saved, key)} (the checkpoint's networks were built for it)")
+    if checkpoint.get("replay") is not None:  # stored transitions are n-step ones, frames in their own layout
+        keys = [*REPLAY_KEYS, *(("loss.gamma",) if cfg.loss.n_steps > 1 else ()),
+                *(("replay.size", "env.num_envs") if cfg.replay.frames_once else ())]
+        for key in keys:
+            if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
+                raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} differs from the resumed run's; allowed: "
+                                  f"{OmegaConf.select(saved, key)} (its saved replay was written with it)")
     if checkpoint.get("replay") is not None and saved.replay.storage == cfg.replay.storage == "memmap":
         scratch = replay_scratch_dir(cfg, Path(cfg.run_dir))
         if not (scratch / "meta.json").exists():
@@ -226,14 +238,25 @@ def check_env_backend(cfg: DictConfig) -> None:
     check_backend(backend, cfg.env.name)
 
 
+# keys newer than some checkpoints, with what those runs used: a resume keeps them (a profile file's value today
+# would change the resumed run's recipe)
+ADDED_KEYS = {"loss.n_steps": 1, "replay.frames_once": False}
+ADDED_DQN_KEYS = {"dqn.dueling": False}
+
+
 def _renamed_keys(config: dict) -> dict:
-    """``config`` (a checkpoint's) with the keys of :data:`RENAMED` under their current names."""
+    """``config`` (a checkpoint's) with the keys of :data:`RENAMED` under their current names and the keys added
+    since it was written (:data:`ADDED_KEYS`) at the values it ran with."""
     config = OmegaConf.create(config)
     for old, new in RENAMED.items():
         if OmegaConf.select(config, old) is not None:
             OmegaConf.update(config, new, OmegaConf.select(config, old))
             parent, _, leaf = old.rpartition(".")
             del (OmegaConf.select(config, parent) if parent else config)[leaf]
+    added = {**ADDED_KEYS, **(ADDED_DQN_KEYS if config.get("algo") == "dqn" else {})}
+    for key, value in added.items():
+        if OmegaConf.select(config, key) is None:
+            OmegaConf.update(config, key, value)
     return OmegaConf.to_container(config)
 
 

@@ -30,9 +30,18 @@ from offpolicy.nstep import n_step_transitions
 SLOT_EXTRA_BYTES = 2 + 4 + 1 + 5 + 4
 
 
-def frame_replay_bytes_per_transition(image_size: int) -> int:
-    """Replay bytes of one stored transition: one grey frame and the slot's fields."""
-    return image_size * image_size + SLOT_EXTRA_BYTES
+def ring_slots(size: int, num_envs: int, frame_stack: int) -> int:
+    """Slots of each env's ring for ``size`` transitions: its share, the history of the oldest kept transition, the
+    provisional frame and 1/64 more for final frames (one per game: Atari games run for hundreds of steps), so about
+    ``size`` transitions are held."""
+    per_env = math.ceil(size / num_envs)
+    return per_env + frame_stack + 1 + math.ceil(per_env / 64)
+
+
+def frame_replay_bytes_per_transition(size: int, num_envs: int, frame_stack: int, image_size: int) -> int:
+    """Replay bytes per transition: every slot (one grey frame and its fields) over ``size``."""
+    slot_bytes = image_size * image_size + SLOT_EXTRA_BYTES
+    return math.ceil(ring_slots(size, num_envs, frame_stack) * num_envs * slot_bytes / size)
 
 
 class FrameReplay:
@@ -46,8 +55,7 @@ class FrameReplay:
     def __init__(self, size: int, num_envs: int, frame_stack: int, n_steps: int = 1, gamma: float = 0.99,
                  generator: torch.Generator | None = None):
         self.num_envs, self.frame_stack, self.n_steps, self.gamma = num_envs, frame_stack, n_steps, gamma
-        # transitions per env, plus the history of the oldest kept transition and the provisional frame
-        self.slots = math.ceil(size / num_envs) + frame_stack
+        self.slots = ring_slots(size, num_envs, frame_stack)
         self.generator = generator
         self.position = torch.zeros(num_envs, dtype=torch.int64)  # slots committed per env (absolute count)
         self.pending = torch.zeros(num_envs, dtype=torch.bool)  # a provisional frame waits at ``position``
@@ -178,10 +186,11 @@ class FrameReplay:
         if self.write_count == 0:
             raise RuntimeError("cannot sample from an empty FrameReplay")
         oldest, newest = self._oldest(), self.position  # positions [oldest, newest) are committed and kept
+        spans = (newest - oldest).float()
         envs, positions = [], []
         missing = batch_size
-        while missing:
-            env = torch.randint(self.num_envs, (2 * missing,), generator=self.generator)
+        while missing:  # envs drawn by their span, so every kept slot is equally likely
+            env = torch.multinomial(spans, 2 * missing, replacement=True, generator=self.generator)
             span = (newest - oldest)[env]
             position = oldest[env] + (torch.rand(2 * missing, generator=self.generator) * span).long()
             keep = (span > 0) & self.data.get("transition")[env, position % self.slots]

@@ -33,7 +33,8 @@ def transition_bytes(cfg: DictConfig) -> int:
     if cfg.replay.frames_once:
         from offpolicy.frame_replay import frame_replay_bytes_per_transition
 
-        return frame_replay_bytes_per_transition(cfg.env.atari.image_size)
+        return frame_replay_bytes_per_transition(cfg.replay.size, cfg.env.num_envs, cfg.env.atari.frame_stack,
+                                                 cfg.env.atari.image_size)
 
     one = OmegaConf.merge(cfg, {"env": {"num_envs": 1, "obs_norm": False}})
     env = make_train_env(one)

@@ -100,7 +100,7 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
     per_rank = cfg.optim.batch_size // world
     round_size = cfg.collector.env_steps_per_batch
     t = max(min(round_size // collectors // cfg.env.num_envs, MAX_BATCH_STEPS), 1)  # steps per measured batch
-    write_size = min(round_size, MAX_WRITE)
+    write_size = max(min(round_size, MAX_WRITE) // n * n, n)  # whole steps of the n envs (n-step and frame replay)
     run = _with(cfg, **{"env.num_envs": n, "optim.batch_size": per_rank, "replay.storage": "memory",
                         "replay.size": max(2 * per_rank, 2 * write_size, t * n),
                         "collector.env_steps_per_batch": t * n})

@@ -28,7 +28,7 @@ def make_replay_buffer(cfg: DictConfig, run_dir: Path | None = None):
     if cfg.replay.frames_once:
         from offpolicy.frame_replay import FrameReplay
 
-        return FrameReplay(size, cfg.env.num_envs, cfg.env.atari.frame_stack, cfg.loss.n_steps, cfg.loss.gamma)
+        return FrameReplay(size, cfg.env.num_envs, cfg.env.atari.frame_stack, int(cfg.loss.n_steps), cfg.loss.gamma)
     if cfg.replay.storage == "memmap":
         key = "replay.scratch_dir" if cfg.replay.scratch_dir else "run_dir"
         ensure_writable_dir(replay_scratch_dir(cfg, run_dir), key)
@@ -63,7 +63,7 @@ def n_step_transform(cfg: DictConfig):
         return None
     from offpolicy.nstep import NStepReturns
 
-    return NStepReturns(cfg.loss.n_steps, cfg.loss.gamma, cfg.env.num_envs)
+    return NStepReturns(int(cfg.loss.n_steps), cfg.loss.gamma, cfg.env.num_envs)  # a YAML 3.0 is an int here
 
 
 def replay_state(cfg: DictConfig, replay) -> dict:
