@@ -113,6 +113,9 @@ class Learner:
         low, high = self.action_bounds if self.action_bounds is not None else (None, None)
         out.update({f"replay/{k}": v for k, v in action_stats(sample["action"].cpu(), low, high).items()})
         out["replay/reward"] = float(sample["next", "reward"].float().mean())
+        steps = sample.get("steps_to_next_obs", None)  # n-step replay: the mean window length k <= loss.n_steps
+        if steps is not None:
+            out["replay/steps_to_next_obs"] = float(steps.float().mean())
         if self.recompiles is not None:
             out["compile/recompiles"] = float(self.recompiles)
         return out

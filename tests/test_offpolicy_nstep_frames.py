@@ -87,6 +87,20 @@ def test_value_target_discounts_the_bootstrap_by_gamma_to_the_k():
     assert torch.allclose(target.flatten(), torch.tensor([1 + 9.0, 2 + 8.1, 3 + 7.29, 4.0]))
 
 
+@pytest.mark.parametrize("algo,env_name", [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1"), ("td3", "Pendulum-v1"),
+                                            ("ddpg", "Pendulum-v1")])
+def test_every_algorithm_trains_on_n_step_transitions(algo, env_name, tmp_path):
+    """The replay writes 3-step transitions for every algorithm: the sampled windows are 3 long but where an episode
+    or a batch ended (CartPole episodes end often, Pendulum's only at its 200-step limit)."""
+    from shared.logging import read_scalars
+
+    result = train_inprocess(f"algo={algo}", f"env={env_name}", "profile=smoke", "loss.n_steps=3",
+                             f"run_dir={tmp_path}")
+    assert result["status"] == "completed" and result["optim_steps"] > 0
+    _, windows = read_scalars(tmp_path, "replay/steps_to_next_obs")
+    assert windows and all(1 < k <= 3 for k in windows), windows
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "2.5", "three"])
 def test_bad_n_steps_is_one_error_line(value):
     with pytest.raises(ConfigError, match="loss.n_steps"):
@@ -214,7 +228,8 @@ def test_frame_replay_state_round_trips_through_a_safe_load(breakout_batches):
 
 def test_atari_replay_bytes_per_transition():
     frames_once = make_plan(compose_config(["algo=dqn", "profile=atari"])[0])["bytes_per_transition"]
-    stacks = make_plan(compose_config(["algo=dqn", "profile=atari_cleanrl"])[0])["bytes_per_transition"]
+    stacks = make_plan(compose_config(["algo=dqn", "profile=atari", "replay.frames_once=false"])[0])[
+        "bytes_per_transition"]
     assert 84 * 84 + 16 < frames_once <= 8192 and stacks > 56_000
     replay = FrameReplay(100_000, 10, 4)  # what it allocates: 10 rings of 84x84 frames and 16 B of fields per slot
     assert frames_once == pytest.approx(replay.slots * 10 * (84 * 84 + 16) / 100_000, abs=1)

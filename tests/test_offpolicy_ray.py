@@ -19,6 +19,7 @@ from offpolicy.invariants import InvariantError
 from offpolicy.config import compose_config
 from shared.checkpoint import load_checkpoint
 from shared.config import ConfigError
+from shared.logging import read_scalars
 
 RAY_PROCESS_NAMES = ("raylet", "gcs_server")
 
@@ -41,8 +42,10 @@ def wait_no_ray(timeout: float = 15.0) -> list[str]:
 
 
 def test_ray_smoke_sac(tmp_path):
-    """profile=ray_smoke: 2 collector actors, 2 Gloo learner ranks, 5 rounds of 400 transitions (2 of prefill)."""
-    result = run_cli("algo=sac", "env=Pendulum-v1", "profile=ray_smoke", f"run_dir={tmp_path}", timeout=280)
+    """profile=ray_smoke: 2 collector actors, 2 Gloo learner ranks, 5 rounds of 400 transitions (2 of prefill), with
+    3-step returns written by the replay actor."""
+    result = run_cli("algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "loss.n_steps=3", f"run_dir={tmp_path}",
+                     timeout=280)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "Ray: 2 collector actors x 1 envs, 2 gloo learner ranks x 32 samples" in result.stdout
     s = summary(tmp_path)
@@ -56,6 +59,8 @@ def test_ray_smoke_sac(tmp_path):
     # the learner's state, taken once every rank's networks were checked equal (gradient averaging keeps them so)
     assert ckpt["learner"]["steps"] == 200 and set(ckpt["learner"]["optimizers"]) == {"actor", "critic", "alpha"}
     assert any((tmp_path / "logs" / "scalars" / "loss").glob("*.csv")), "no loss/ metrics logged"
+    _, windows = read_scalars(tmp_path, "replay/steps_to_next_obs")  # Pendulum never ends early: 3 but at batch ends
+    assert windows and all(2.5 < k <= 3 for k in windows), windows
     assert not wait_no_ray(), "Ray processes left behind"
 
 
