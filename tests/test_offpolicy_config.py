@@ -19,7 +19,7 @@ from shared.config import ConfigError
     (["algo=dqn", "sac.alpha_init=0.1"], "unknown key 'sac.alpha_init'"),
     (["model.hidden=[256,-1]"], "model.hidden=[256, -1] is not allowed"),
     (["collector.prefill_env_steps=5000", "replay.size=1000"], "collector.prefill_env_steps=5000 is not allowed"),
-    (["profile=huge"], "profile='huge' does not exist; allowed: atari, humanoid_scale, local, ray_smoke, scale, scale_rehearsal, smoke"),
+    (["profile=huge"], "profile='huge' does not exist; allowed: atari, atari_cleanrl, humanoid_scale, local, ray_smoke, scale, scale_rehearsal, smoke"),
     (["resume=/nonexistent/last.pt"], "resume='/nonexistent/last.pt': no such file"),
     (["logger.backend=mlflow"], "logger.backend='mlflow' is not allowed"),
     (["total_env_steps"], "is not of the form key=value"),
@@ -57,7 +57,7 @@ def test_help_lists_groups_and_defaults(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "algo=: ddpg | dqn | sac | td3" in out
-    assert "profile=: atari | humanoid_scale | local | ray_smoke | scale | scale_rehearsal | smoke" in out
+    assert "profile=: atari | atari_cleanrl | humanoid_scale | local | ray_smoke | scale | scale_rehearsal | smoke" in out
     assert "utd_ratio" in out
 
 
