@@ -2,8 +2,10 @@
 checkpoint state, and the shape of a sampled optimisation batch."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
 from shared import compat
@@ -64,6 +66,69 @@ def n_step_transform(cfg: DictConfig):
     from offpolicy.nstep import NStepReturns
 
     return NStepReturns(int(cfg.loss.n_steps), cfg.loss.gamma, cfg.env.num_envs)  # a YAML 3.0 is an int here
+
+
+class ReplayJournal:
+    """Undo log of a memmap replay: before a write overwrites stored transitions (once the ring is full), they are
+    saved, atomically, into ``directory``; a resume rolls the files back to the checkpoint's content with them.
+
+    Why: a memmap buffer's files run ahead of the latest checkpoint. Once the ring wraps, a resume from that checkpoint
+    would find transitions collected after it (by policies the resumed learner never had) in place of the ones it
+    saved, and stop at the first sample (the policy-version invariant). Journals are kept from the checkpoint before
+    the latest one on (that one may be a partial write when the process dies), so the disk holds at most two
+    checkpoint intervals of overwritten transitions.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.kept_from = 0  # journals of writes before this write count are no longer needed
+
+    def before_write(self, replay, n: int) -> None:
+        """Save what the next write of ``n`` transitions will overwrite (nothing until the buffer is full)."""
+        index = (compat.replay_write_cursor(replay) + torch.arange(n)) % replay.storage.max_size
+        index = index[index < len(replay)]
+        if not len(index):
+            return
+        from tensordict import TensorDict
+
+        partial = self.directory / f".partial-{replay.write_count}"
+        shutil.rmtree(partial, ignore_errors=True)
+        TensorDict({"index": index, "data": replay.storage.get(index)}, [len(index)]).memmap(partial)
+        partial.rename(self.directory / f"{replay.write_count:015d}")  # named by the write count it precedes
+
+    def checkpointed(self, write_count: int) -> None:
+        """A checkpoint at ``write_count`` is being written: drop the journals older than the previous one."""
+        for count, path in self._entries():
+            if count < self.kept_from:
+                shutil.rmtree(path)
+        self.kept_from = write_count
+
+    def roll_back(self, scratch_dir: Path, write_count: int) -> int:
+        """Undo, in the memmap files of ``scratch_dir``, every write made at or after ``write_count`` (a checkpoint's),
+        newest first; then forget every journal. Returns how many transitions were put back."""
+        from tensordict import TensorDict
+
+        restored = 0
+        entries = [(count, path) for count, path in self._entries() if count >= write_count]
+        if entries:
+            data = TensorDict.load_memmap(scratch_dir)
+            for _, path in reversed(entries):
+                saved = TensorDict.load_memmap(path)
+                data[saved["index"]] = saved["data"]
+                restored += len(saved)
+        for path in self.directory.iterdir():
+            shutil.rmtree(path)
+        return restored
+
+    def _entries(self) -> list[tuple[int, Path]]:
+        return sorted((int(p.name), p) for p in self.directory.iterdir() if p.name.isdigit())
+
+
+def journal_dir(cfg: DictConfig, run_dir: Path) -> Path:
+    """Where a memmap replay's undo journal lives: beside its scratch dir, ``<scratch_dir>-journal``."""
+    scratch = replay_scratch_dir(cfg, run_dir)
+    return scratch.with_name(scratch.name + "-journal")
 
 
 def replay_state(cfg: DictConfig, replay) -> dict:

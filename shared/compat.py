@@ -114,6 +114,19 @@ def reopen_memmap_replay(replay, scratch_dir: Path, state: dict) -> None:
     replay.load_state_dict({**state, STORAGE_KEY: {**state[STORAGE_KEY], STORAGE_KEY: data.state_dict()}})
 
 
+def replay_write_cursor(replay) -> int:
+    """Where a torchrl 0.14.1 replay buffer's next write goes (its ``RoundRobinWriter``'s private ``_cursor``; the
+    public ``state_dict()`` has it too, but also returns the storage's whole data): the memmap replay's undo journal
+    saves the entries there before they are overwritten (offpolicy/replay.py)."""
+    return int(replay._writer._cursor)
+
+
+def replay_state_write_count(state: dict) -> int:
+    """The write count in a torchrl 0.14.1 replay buffer's ``state_dict()`` (under the writer's ``_writer`` /
+    ``_write_count`` keys): the memmap replay's journal undoes the writes made after it (offpolicy/replay.py)."""
+    return int(state["_writer"]["_write_count"])
+
+
 class PrioritizedTreesHook:
     """Mixin for torchrl 0.14.1's ``PrioritizedSampler`` / ``PrioritizedSliceSampler``: build the sum and min trees
     as ``tree_class(capacity, reduce, dtype)`` in the private ``_init`` where torchrl builds its C++ segment trees

@@ -38,6 +38,14 @@ def test_memmap_replay_state_leaves_out_the_data_and_reopens_the_files(tmp_path)
     assert torch.equal(reopened.storage.get(torch.arange(10))["x"], data["x"])
 
 
+def test_replay_write_cursor_and_state_write_count_follow_the_ring(tmp_path):
+    replay = _memmap_buffer(tmp_path)  # capacity 100
+    for _ in range(3):
+        replay.extend(TensorDict({"x": torch.zeros(40, 1)}, batch_size=[40]))
+    assert compat.replay_write_cursor(replay) == 20  # 120 writes into 100 slots
+    assert compat.replay_state_write_count(replay.state_dict()) == 120 == replay.write_count
+
+
 def test_prioritized_sampler_builds_our_trees_and_checkpoints_them_as_tensors():
     from offpolicy.prioritized import TorchPrioritizedSampler, TorchSegmentTree
 

@@ -144,3 +144,52 @@ def test_ddpg_with_td1_prioritized_memmap_and_obs_norm_together(tmp_path):
     assert ckpt["obs_norm"]["scale"].shape == (3,)
     priorities = ckpt["replay"]["_sampler"]["_sum_tree"][:300]
     assert priorities.min() > 0 and priorities.std() > 0  # the TD errors of 200 steps were written back
+
+
+def test_replay_journal_rolls_the_files_back_to_a_checkpoint(tmp_path):
+    """Writes after a checkpoint overwrite a wrapped memmap ring; the journal puts the checkpoint's content back."""
+    from tensordict import TensorDict
+    from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer
+
+    from offpolicy.replay import ReplayJournal
+
+    replay = TensorDictReplayBuffer(storage=LazyMemmapStorage(50, scratch_dir=str(tmp_path / "replay"), existsok=True))
+    journal = ReplayJournal(tmp_path / "replay-journal")
+
+    def write(start):
+        batch = TensorDict({"x": torch.arange(start, start + 20.0).unsqueeze(-1)}, batch_size=[20])
+        journal.before_write(replay, 20)
+        replay.extend(batch)
+
+    for start in (0, 20, 40):  # 60 writes: wrapped once
+        write(start)
+    journal.checkpointed(replay.write_count)  # checkpoint A at 60
+    at_checkpoint = replay.storage.get(torch.arange(50))["x"].clone()
+    for start in (60, 80, 100):  # overwrites the whole ring
+        write(start)
+    journal.checkpointed(replay.write_count)  # checkpoint B at 120 (A's journals are still kept)
+    write(120)
+    assert not torch.equal(replay.storage.get(torch.arange(50))["x"], at_checkpoint)
+    restored = journal.roll_back(tmp_path / "replay", write_count=60)  # resume from A
+    assert restored == 80
+    assert torch.equal(TensorDict.load_memmap(tmp_path / "replay")["x"], at_checkpoint)
+    assert not any((tmp_path / "replay-journal").iterdir())
+
+
+def test_memmap_replay_resumes_from_a_checkpoint_older_than_its_files(tmp_path):
+    """A crash after more rounds than the last checkpoint: the ring has wrapped since it, and the resume still trains
+    (before the journal it stopped at the first sample: a transition of a policy newer than the learner)."""
+    import shutil
+
+    run = tmp_path / "run"
+    args = ("algo=dqn", "env=CartPole-v1", "profile=smoke", "replay.storage=memmap", "replay.size=250",
+            "collector.prefill_env_steps=100", f"run_dir={run}")
+    first = train_inprocess(*args, "total_env_steps=400")
+    assert first["status"] == "completed"
+    shutil.copy(first["checkpoint"], tmp_path / "at-400.pt")
+    later = train_inprocess(*args, "total_env_steps=700", f"resume={first['checkpoint']}")
+    assert later["status"] == "completed" and later["replay_writes"] == 700  # the ring was overwritten since 400
+    resumed = train_inprocess(*args, "total_env_steps=600", f"resume={tmp_path / 'at-400.pt'}")
+    assert resumed["status"] == "completed" and resumed["error"] is None
+    assert resumed["replay_writes"] == 600 and resumed["optim_steps"] == first["optim_steps"] + 2 * (
+        later["optim_steps"] - first["optim_steps"]) // 3

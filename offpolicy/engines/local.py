@@ -11,7 +11,9 @@ from offpolicy.algorithms import AlgoParts, make_learner
 from offpolicy.collection import LeanCollector, lean_collection
 from offpolicy.engines.base import Engine, Rollout, RolloutStats
 from offpolicy.envs import for_replay, obs_norm_state
-from offpolicy.replay import make_replay_buffer, replay_state, restore_replay, sample_shape
+from shared import compat
+from offpolicy.replay import (ReplayJournal, journal_dir, make_replay_buffer, replay_scratch_dir, replay_state,
+                              restore_replay, sample_shape)
 
 
 def make_collector(cfg: DictConfig, env, policy, seed: int | None = None):
@@ -44,12 +46,16 @@ class LocalEngine(Engine):
         self.cfg, self.run_dir = cfg, run_dir
         self.collector = make_collector(cfg, env, parts.collect_policy, seed)
         self.replay = make_replay_buffer(cfg, run_dir)
+        # a memmap replay keeps what its writes overwrite until the next checkpoints, so a resume can undo them
+        self.journal = ReplayJournal(journal_dir(cfg, run_dir)) if cfg.replay.storage == "memmap" else None
         self.learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=sample_shape(cfg))
         self.stats = RolloutStats()
         self._batches = iter(self.collector)
 
     def collect(self) -> Rollout:
         batch = for_replay(next(self._batches))
+        if self.journal is not None:
+            self.journal.before_write(self.replay, batch.numel())
         self.replay.extend(batch)
         self.stats(batch)
         return self.stats.drain()
@@ -75,9 +81,13 @@ class LocalEngine(Engine):
         self.collector.policy_version_tracker.version = version
 
     def replay_state(self) -> dict | None:
+        if self.journal is not None:
+            self.journal.checkpointed(self.replay.write_count)
         return replay_state(self.cfg, self.replay)
 
     def restore_replay(self, state: dict) -> None:
+        if self.journal is not None:  # the files back to what the checkpoint saw (writes after it undone)
+            self.journal.roll_back(replay_scratch_dir(self.cfg, self.run_dir), compat.replay_state_write_count(state))
         restore_replay(self.cfg, self.replay, state, self.run_dir)
 
     def close(self) -> None:
