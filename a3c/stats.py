@@ -113,6 +113,10 @@ class SharedStats:
             first = max(seen, total - len(self.evals))
             return [tuple(self.evals[i % len(self.evals)].tolist()) for i in range(first, total)], total
 
+    def updates_per_worker(self) -> list[int]:
+        """Optimiser steps each worker has made in this session (not counting a resumed run's)."""
+        return [int(c) for c in self._rows()[:, UPDATES]]
+
     def episode_counts(self) -> list[int]:
         """Episodes finished so far by each worker (the ``seen`` of :meth:`episodes_since`)."""
         return [int(c) for c in self._rows()[:, EPISODES]]

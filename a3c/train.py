@@ -133,6 +133,7 @@ def main(argv: list[str]) -> int:
         "train_return_last_100": sum(recent) / len(recent) if recent else None,
         "last_eval": dict(zip(("frames", "return", "return_std", "episodes"), last_evals[-1])) if last_evals else None,
         "final_eval": stats.final_evaluation(),
+        "worker_updates": stats.updates_per_worker(),
         "worker_restarts": pool.restarts, "worker_deaths": pool.deaths, "pids": pool.pids(),
         "checkpoint": str(ckpt_path), "curves": str(curves) if curves else None,
     }

@@ -45,7 +45,10 @@ def test_smoke_run_trains_logs_from_worker_0_and_checkpoints(smoke_run):
     assert owners == [{"pid": pids["worker_0"], "rank": 0}]
     steps, updates = read_scalars(run_dir, "a3c/updates")
     assert updates and updates[-1] == summary["updates"] and steps[-1] == summary["frames"]
-    assert read_scalars(run_dir, "loss/critic")[1] and read_scalars(run_dir, "train/agent_steps_per_s")[1]
+    assert read_scalars(run_dir, "train/agent_steps_per_s")[1]
+    # worker 0 logs its own losses; on a loaded machine worker 1 can take every frame while worker 0 starts up
+    assert sum(summary["worker_updates"]) == summary["updates"] and len(summary["worker_updates"]) == 2
+    assert bool(read_scalars(run_dir, "loss/critic")[1]) == (summary["worker_updates"][0] > 0)
     assert read_scalars(run_dir, "eval/final_return")[1] == [summary["final_eval"]["return"]]
     assert (run_dir / "config.yaml").read_text().count("name: Pong") == 1
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and summary["curves"]
