@@ -84,6 +84,7 @@ RULES = {
     "ray.num_cpus": Rule(min=1, integer=True, nullable=True),
     "ray.num_gpus": Rule(min=0, integer=True, nullable=True),
     "ray.num_collectors": Rule(min=1, integer=True),
+    "ray.max_collector_restarts": Rule(min=0, integer=True),
     "ray.collector_cpus": Rule(min=0),
     "ray.collector_gpus": Rule(min=0),
     "ray.world_size": Rule(min=1, integer=True),

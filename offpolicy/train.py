@@ -149,6 +149,7 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
         "episodes": progress.episodes, "utd_ratio": cfg.optim.utd_ratio,
         "train_return_last": run.metrics.last_return,
         "eval_return_last": evals[-1] if evals else None, "eval_return_best": max(evals) if evals else None,
+        "collector_restarts": engine.collector_restarts(),
         "eval_error": evaluator.error, "compile_recompiles": run.metrics.compile_recompiles,
         "elapsed_s": round(progress.elapsed_s, 2), "checkpoint": run.checkpoint_saved and str(run.checkpoint_saved),
         "run_dir": str(run_dir),

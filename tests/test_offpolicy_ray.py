@@ -1,10 +1,12 @@
-"""The Ray engine (engine=ray): smoke runs per family with every invariant, a killed collector, resources that
+"""The Ray engine (engine=ray): smoke runs per family with every invariant, killed collectors (replaced, or past the
+limit the end of the run), resources that
 cannot be had, config errors, and the per-round invariants on their own. Every run that starts Ray must leave no Ray
 process behind."""
 from __future__ import annotations
 
 import math
 import os
+import random
 import signal
 import time
 from types import SimpleNamespace
@@ -96,13 +98,56 @@ def test_ray_ctrl_c_saves_and_leaves_no_ray_process(tmp_path):
     assert not wait_no_ray(), "Ray processes left behind after Ctrl-C"
 
 
+def _collector_actors(proc, timeout: float = 30.0) -> list[psutil.Process]:
+    """The run's collector actor processes (a replacement takes a moment to start)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name().startswith("ray::Collector")]
+        if found:
+            return found
+        time.sleep(0.1)
+    return []
+
+
+def test_ray_dead_collectors_are_replaced(tmp_path):
+    """SIGKILL a collector actor three times at random moments (during a batch, a replay write, a weight
+    publication, or a replacement's start-up): each is replaced (fresh env seeds, current weights and version), and
+    the run completes with exactly the asked env steps, every round invariant, ``collector_restarts: 3`` in the
+    summary, and no Ray process left."""
+    run_dir, log = tmp_path / "run", tmp_path / "log.txt"
+    proc = start_module("offpolicy.train", "algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "total_env_steps=8000",
+                        "eval.interval_env_steps=0", "ray.max_collector_restarts=3", f"run_dir={run_dir}", log=log)
+    rng = random.Random(1)
+    try:
+        _wait_for_training(proc, run_dir, log)
+        for _ in range(3):
+            time.sleep(rng.uniform(0.5, 3.0))
+            actors = _collector_actors(proc)
+            assert actors and proc.poll() is None, log.read_text()[-3000:]
+            rng.choice(actors).send_signal(signal.SIGKILL)
+        code = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text()
+    assert code == 0, out[-3000:]
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["collector_restarts"] == 3
+    assert s["env_steps"] == s["replay_writes"] == 8000 and s["batches"] == s["policy_version"] == 20
+    assert s["optim_steps"] == 19 * 50  # replay holds the 800-step prefill after round 2: 50 steps per round from it
+    assert [line.split(";")[1].split("(")[1] for line in out.splitlines() if line.startswith("ray: collector")] == [
+        f"restart {k} of 3)" for k in (1, 2, 3)]
+    assert not wait_no_ray(), "Ray processes left behind"
+
+
 def test_ray_dqn_killed_collector_then_resume(tmp_path):
-    """DQN on CartPole with profile=ray_smoke. SIGKILL one collector actor: the run ends within 30 s with one error
-    line, exit 4, a summary and a checkpoint of the learner at that frame count, and no Ray process left. Resuming
-    from that checkpoint restores the ranks and completes the run with every invariant."""
+    """DQN on CartPole with profile=ray_smoke and no replacement allowed (ray.max_collector_restarts=0). SIGKILL one
+    collector actor: the run ends within 30 s with one error line, exit 4, a summary and a checkpoint of the learner
+    at that frame count, and no Ray process left. Resuming from that checkpoint restores the ranks and completes the
+    run with every invariant."""
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
     proc = start_module("offpolicy.train", "algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "total_env_steps=100000",
-                        "eval.interval_env_steps=0", f"run_dir={run_dir}", log=log)
+                        "eval.interval_env_steps=0", "ray.max_collector_restarts=0", f"run_dir={run_dir}", log=log)
     try:
         _wait_for_training(proc, run_dir, log)
         collectors = [c for c in psutil.Process(proc.pid).children(recursive=True)
@@ -119,7 +164,8 @@ def test_ray_dqn_killed_collector_then_resume(tmp_path):
     assert code == 4, out[-3000:]
     assert "error: a Ray collector died (Collector, pid" in out
     failed = summary(run_dir)
-    assert failed["status"] == "failed" and "collector died" in failed["error"]
+    assert failed["status"] == "failed" and failed["collector_restarts"] == 0
+    assert "collector died" in failed["error"] and "no replacement left (ray.max_collector_restarts=0)" in failed["error"]
     ckpt = load_checkpoint(failed["checkpoint"])
     assert ckpt["counters"]["env_steps"] == failed["env_steps"]
     assert ckpt["learner"]["steps"] == failed["optim_steps"] > 0
@@ -251,3 +297,46 @@ def test_a_ray_failure_wrapped_in_another_error_is_still_one_line():
     except RuntimeError as exc:
         assert describe_ray_failure(exc) == "a Ray actor did not answer in time (collector.next timed out)"
     assert describe_ray_failure(ValueError("not Ray")) is None
+
+
+def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
+    """A resumed run's collector actors join at the checkpoint's policy version in one call per actor (not one
+    publication per past round), carry it into their next batch, and a publication sends the driver's weights."""
+    import ray
+    from tensordict import TensorDict
+
+    from offpolicy.algorithms import build_parts
+    from offpolicy.engines.ray import make_replay_buffer, start_ray
+    from offpolicy.engines.ray_collectors import CollectorPool
+    from offpolicy.envs import make_train_env
+
+    cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "ray.world_size=1",
+                             f"run_dir={tmp_path}"])
+    env = make_train_env(cfg, None, seed=0, num_envs=1)
+    parts = build_parts(cfg, env)
+    start_ray(cfg)
+    pool = None
+    try:
+        replay = make_replay_buffer(cfg)
+        pool = CollectorPool(cfg, parts.collect_policy, replay, None, seed=0)
+        weights = TensorDict.from_module(parts.collect_policy).data
+        start = time.monotonic()
+        pool.restore(weights, version=1_000_000)
+        assert time.monotonic() - start < 10
+        assert pool.call("get_policy_version") == [1_000_000, 1_000_000]
+        rollout = pool.round()
+        assert rollout.env_steps == 400 == len(replay) and (rollout.version_lo, rollout.version_hi) == (1_000_000,) * 2
+        with torch.no_grad():
+            for p in parts.collect_policy.parameters():
+                p.fill_(0.25)
+        assert pool.publish(TensorDict.from_module(parts.collect_policy).data) == 1_000_001
+        local = parts.collect_policy.state_dict()  # the Q network at 0.25, epsilon's buffers as they were
+        for state in pool.call("policy.state_dict"):
+            assert state.keys() == local.keys() and all(torch.equal(state[k], local[k]) for k in local)
+        assert pool.restarts == 0
+    finally:
+        if pool is not None:
+            pool.close()
+        env.close()
+        ray.shutdown()
+    assert not wait_no_ray()

@@ -119,6 +119,10 @@ class Engine(ABC):
     def restore_replay(self, state: dict) -> None:
         """Load :meth:`replay_state`."""
 
+    def collector_restarts(self) -> int:
+        """Collectors replaced after they died, in this process (only Ray's can die on their own)."""
+        return 0
+
     def describe(self) -> str:
         """Where the parts run, for the start-up line ("" for this process)."""
         return ""

@@ -1,8 +1,9 @@
 """The Ray engine (``engine=ray``): the loop's parts on a Ray cluster.
 
-- collectors: torchrl's ``RayCollector`` over ``ray.num_collectors`` actors, each a torchrl ``Collector`` stepping
-  ``env.num_envs`` envs; every rollout is flattened ``[B, T] -> [B*T]`` inside the actor and written straight into the
-  replay actor, and the actor's ``RolloutStats`` keeps the round's statistics for the driver;
+- collectors: ``ray.num_collectors`` actors (engines/ray_collectors.py, built by torchrl's ``RayCollector``), each a
+  torchrl ``Collector`` stepping ``env.num_envs`` envs; every rollout is flattened ``[B, T] -> [B*T]`` inside the
+  actor and written straight into the replay actor, and the actor's ``RolloutStats`` keeps the round's statistics
+  for the driver; a dead actor is replaced (``ray.max_collector_restarts``);
 - replay: torchrl's ``RayReplayBuffer`` (one actor, 0 CPUs reserved: it only stores and samples);
 - learner: ``ray.world_size`` :class:`LearnerRank` actors, each a :class:`offpolicy.learner.Learner` that samples
   ``batch_size / world_size`` per step from the replay actor and averages its gradients with the other ranks through
@@ -21,7 +22,6 @@ import datetime
 import os
 import re
 import socket
-import warnings
 from functools import partial
 
 import torch
@@ -29,8 +29,9 @@ from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDict
 
 from offpolicy.algorithms import AlgoParts, build_parts, make_learner
-from offpolicy.engines.base import Engine, LearnerLost, Rollout, RolloutStats
-from offpolicy.envs import collector_seed, for_replay, make_train_env, obs_norm_state
+from offpolicy.engines.base import Engine, LearnerLost, Rollout
+from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted
+from offpolicy.envs import obs_norm_state
 from offpolicy.invariants import InvariantError
 from offpolicy.replay import n_step_transform
 from shared import compat
@@ -73,42 +74,6 @@ def start_ray(cfg: DictConfig) -> None:
         what = ", ".join(f"{v:g} {k} (cluster has {h:g})" for k, (v, h) in short.items())
         raise ConfigError(f"ray: the job needs {what}; allowed: fewer ray.num_collectors / ray.world_size, "
                           "smaller ray.collector_cpus / learner_cpus / *_gpus, or a bigger cluster")
-
-
-# the loop publishes after every round, the first time after round 0 (collected with the initial weights, version 0)
-warnings.filterwarnings("ignore", message="RayCollector iteration started before weight synchronization")
-
-
-def _collector_env(cfg: DictConfig, index: int, obs_norm: dict | None, seed: int):
-    """Collector ``index``'s envs: the local training env with seeds apart from every other collector's."""
-    return make_train_env(cfg, obs_norm, seed=collector_seed(seed, index, cfg.env.num_envs))
-
-
-def make_collector(cfg: DictConfig, policy, replay, obs_norm: dict | None, seed: int):
-    """``ray.num_collectors`` collector actors that each run ``policy`` (stochastic) on ``env.num_envs`` envs and
-    write flattened rollouts into ``replay``; one round collects ``collector.env_steps_per_batch`` in all."""
-    from torchrl.collectors import Collector
-    from torchrl.collectors.distributed import RayCollector
-    from torchrl.envs.llm.transforms import PolicyVersion
-    from torchrl.envs.utils import ExplorationType
-
-    remote = {"num_cpus": cfg.ray.collector_cpus}
-    if cfg.ray.collector_gpus:
-        remote["num_gpus"] = cfg.ray.collector_gpus
-    kwargs = {"track_policy_version": PolicyVersion(), "auto_register_policy_transforms": False,
-              "postproc": for_replay, "post_collect_hook": RolloutStats()}
-    return RayCollector(
-        [partial(_collector_env, cfg, i, obs_norm, seed) for i in range(cfg.ray.num_collectors)], policy,
-        frames_per_batch=cfg.collector.env_steps_per_batch,
-        # torchrl 0.14.1: total_frames=-1 stops after one round; the loop stops the run at total_env_steps
-        total_frames=2**62, collector_class=Collector, collector_kwargs=kwargs, remote_configs=remote,
-        sync=True, replay_buffer=replay, exploration_type=ExplorationType.RANDOM,
-        update_after_each_batch=False,  # the loop publishes once per round, after the learner
-        # a GPU collector runs its policy on the GPU Ray gives it; envs step and rollouts are stored on the CPU
-        policy_device=torch.device("cuda") if cfg.ray.collector_gpus else None,
-        env_device="cpu", storing_device="cpu",
-        ray_init_config={"address": "auto"},  # never used: Ray is already up (start_ray)
-    )
 
 
 def make_replay_buffer(cfg: DictConfig):
@@ -219,11 +184,11 @@ class RayEngine(Engine):
         start_ray(cfg)
         self.cfg, self.parts = cfg, parts
         self.timeout = float(cfg.ray.step_timeout_s)
-        self.replay = self.collector = None
+        self.replay = self.collectors = None
         self.ranks = []
         try:
             self.replay = make_replay_buffer(cfg)
-            self.collector = make_collector(cfg, parts.collect_policy, self.replay, obs_norm_state(env), seed)
+            self.collectors = CollectorPool(cfg, parts.collect_policy, self.replay, obs_norm_state(env), seed)
             rank_cls = ray.remote(num_cpus=cfg.ray.learner_cpus, num_gpus=cfg.ray.learner_gpus)(LearnerRank)
             config = OmegaConf.to_container(cfg, resolve=True)
             self.ranks = [rank_cls.remote(config, Specs(env), self.replay.client(), rank, cfg.ray.world_size, seed)
@@ -232,7 +197,6 @@ class RayEngine(Engine):
             if cfg.ray.address is None:
                 host = "127.0.0.1"
             self._get([r.connect.remote(host, port) for r in self.ranks], float(cfg.ray.setup_timeout_s))
-            self._rounds = iter(self.collector)  # one item per round (None: the actors wrote into replay)
         except BaseException:
             self.close()
             raise
@@ -251,8 +215,7 @@ class RayEngine(Engine):
         return ray.get(refs, timeout=timeout)
 
     def collect(self) -> Rollout:
-        next(self._rounds)  # the actors write into the replay actor themselves
-        return Rollout.merge(self.collector.map_fn("post_collect_hook.drain"))
+        return self.collectors.round()  # the actors write into the replay actor themselves
 
     def replay_size(self) -> int:
         return len(self.replay)
@@ -274,8 +237,7 @@ class RayEngine(Engine):
         an actor that missed a publication breaks the round invariant)."""
         weights = self._get(self.ranks[0].policy_weights.remote(), self.timeout)
         weights.to_module(self.parts.eval_policy)  # also the actor inside the collection policy
-        self.collector.update_policy_weights_(TensorDict.from_module(self.parts.collect_policy).data)
-        return min(self.collector.map_fn("get_policy_version"))
+        return self.collectors.publish(TensorDict.from_module(self.parts.collect_policy).data)
 
     def learner_state(self) -> dict:
         """Rank 0's learner state, after checking that every rank holds the same networks (what gradient
@@ -295,12 +257,10 @@ class RayEngine(Engine):
     def restore(self, learner_state: dict, version: int) -> None:
         self._get([r.load_state_dict.remote(learner_state) for r in self.ranks], self.timeout)
         self.parts.loss.load_state_dict(learner_state["loss"])
-        # the collectors' PolicyVersion starts at 0: one publication of the restored weights, then version counts
-        # (no weights) bring them to `version`
-        if version:
-            self.collector.update_policy_weights_(TensorDict.from_module(self.parts.collect_policy).data)
-            for _ in range(version - 1):
-                self.collector.map_fn("increment_version")
+        self.collectors.restore(TensorDict.from_module(self.parts.collect_policy).data, version)
+
+    def collector_restarts(self) -> int:
+        return self.collectors.restarts if self.collectors is not None else 0
 
     def replay_state(self) -> dict | None:
         return None  # the replay actor is not checkpointed (replay.in_checkpoint is refused with engine=ray)
@@ -312,8 +272,8 @@ class RayEngine(Engine):
         import ray
 
         with contextlib.suppress(Exception):
-            if self.collector is not None:
-                self.collector.shutdown()
+            if self.collectors is not None:
+                self.collectors.close()
         with contextlib.suppress(Exception):
             if self.replay is not None:
                 self.replay.close()
@@ -324,6 +284,7 @@ def describe_ray_failure(exc: BaseException) -> str | None:
     """One line: which kind of actor failed and Ray's reason (None: not a Ray failure)."""
     import ray.exceptions
 
+    note = f"; {exc}" if isinstance(exc, CollectorsExhausted) else ""
     # the Ray error itself, or the one a wrapper (torchrl's collectors) raised its own error from
     while exc is not None and not isinstance(exc, ray.exceptions.RayError):
         exc = exc.__cause__ or exc.__context__
@@ -337,7 +298,7 @@ def describe_ray_failure(exc: BaseException) -> str | None:
         pid = re.search(r"pid: (\d+)", text)
         cls = cls.group(1) if cls else "?"
         kind = "learner rank" if "LearnerRank" in cls else "collector" if "Collector" in cls else "actor"
-        return f"a Ray {kind} died ({cls}, pid {pid.group(1) if pid else '?'}): {text.split('.')[0]}"
+        return f"a Ray {kind} died ({cls}, pid {pid.group(1) if pid else '?'}): {text.split('.')[0]}{note}"
     if isinstance(exc, ray.exceptions.RayTaskError):
         cause = " ".join(str(exc.cause).split()) if exc.cause is not None else text
         return f"a Ray task failed ({exc.function_name}): {cause[-300:]}"
