@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from offpolicy.algorithms import build_parts, make_learner  # noqa: E402
+from offpolicy.algos import build_parts  # noqa: E402
+from offpolicy.learner import make_learner  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
 from offpolicy.engines.local import make_collector  # noqa: E402
 from offpolicy.envs import for_replay, make_train_env  # noqa: E402

@@ -55,7 +55,8 @@ VARIANTS = {
 
 def check_update(out: Path, n: int = 200) -> None:
     """Each algorithm's learner step on the GPU: eager, compiled, compiled + CUDA graphs."""
-    from offpolicy.algorithms import build_parts, make_learner
+    from offpolicy.algos import build_parts
+from offpolicy.learner import make_learner
     from offpolicy.config import compose_config
     from offpolicy.engines.local import make_collector
     from offpolicy.envs import make_train_env

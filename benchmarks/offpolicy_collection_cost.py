@@ -44,7 +44,7 @@ import gymnasium  # noqa: E402
 import torch  # noqa: E402
 from torchrl.envs.utils import ExplorationType, set_exploration_type  # noqa: E402
 
-from offpolicy.algorithms import build_parts  # noqa: E402
+from offpolicy.algos import build_parts  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
 from offpolicy.engines.base import RolloutStats  # noqa: E402
 from offpolicy.engines.local import make_collector  # noqa: E402

@@ -21,8 +21,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from offpolicy import algorithms  # noqa: E402
-from offpolicy.algorithms import build_parts, make_learner  # noqa: E402
+from offpolicy.algos import networks  # noqa: E402
+from offpolicy.algos import build_parts  # noqa: E402
+from offpolicy.learner import make_learner  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
 from offpolicy.engines.local import make_collector  # noqa: E402
 from offpolicy.envs import make_train_env  # noqa: E402
@@ -64,7 +65,7 @@ def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
     cfg, _ = compose_config(overrides)
     torch.manual_seed(0)
     torch.set_num_threads(threads)
-    algorithms.DEACTIVATE_VMAP = deactivate_vmap
+    networks.DEACTIVATE_VMAP = deactivate_vmap
     env = make_train_env(cfg)
     parts = build_parts(cfg, env)
     collector = make_collector(cfg, env, parts.collect_policy)
@@ -124,7 +125,7 @@ def main(argv: list[str]) -> None:
     algos = [a for a in argv if "=" not in a] or list(ENVS)
     options = dict(a.split("=", 1) for a in argv if "=" in a)
     threads, compiled = int(options.get("threads", 1)), options.get("compile", "false") == "true"
-    no_vmap = options.get("deactivate_vmap", "true") == "true"  # the engine's setting (algorithms.DEACTIVATE_VMAP)
+    no_vmap = options.get("deactivate_vmap", "true") == "true"  # the engine's setting (networks.DEACTIVATE_VMAP)
     results = ROOT / "benchmarks" / "results" / "offpolicy_update_cost.jsonl"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for algo in algos:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from offpolicy.algorithms import ACTIVATIONS, ALGOS
+from offpolicy.algos import ALGOS, RENAMED_KEYS, algorithm
+from offpolicy.algos.networks import ACTIVATIONS
 from offpolicy.envs import is_atari
 from offpolicy.replay import replay_scratch_dir
 from shared.checkpoint import load_checkpoint
@@ -23,8 +24,7 @@ ALIASES = {"env": "env.name", "lr": "optim.lr", "utd": "optim.utd_ratio"}
 # old off-policy names stay accepted, on the command line and in the config of a resumed older checkpoint.
 RENAMED = {"total_frames": "total_env_steps", "collector.frames_per_batch": "collector.env_steps_per_batch",
            "collector.prefill_frames": "collector.prefill_env_steps", "eval.interval_frames": "eval.interval_env_steps",
-           "dqn.eps_anneal_frames": "dqn.eps_anneal_env_steps", "td3.anneal_frames": "td3.anneal_env_steps",
-           "ddpg.anneal_frames": "ddpg.anneal_env_steps"}
+           **RENAMED_KEYS}
 GROUPS = (Group("algo", may_add_keys=True), Group("profile"))
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 
@@ -95,18 +95,6 @@ RULES = {
     "ray.setup_timeout_s": Rule(min=1),
     "ray.step_timeout_s": Rule(min=1),
 }
-_NOISE = {"noise": Rule(choices=("gaussian", "ou")), "sigma": Rule(min=1e-9), "sigma_end": Rule(min=0),
-          "anneal_env_steps": Rule(min=1, integer=True)}
-ALGO_RULES = {
-    "dqn": {"dqn.eps_init": Rule(min=0, max=1), "dqn.eps_end": Rule(min=0, max=1),
-            "dqn.eps_anneal_env_steps": Rule(min=1, integer=True)},
-    "sac": {"sac.alpha_init": Rule(min=1e-9), "sac.alpha_lr": Rule(min=1e-12)},
-    "ddpg": {**{f"ddpg.{k}": r for k, r in _NOISE.items()},
-             "ddpg.noise": Rule(choices=("gaussian", "ou", "none"))},
-    "td3": {**{f"td3.{k}": r for k, r in _NOISE.items()}, "td3.policy_delay": Rule(min=1, integer=True),
-            "td3.target_noise": Rule(min=0), "td3.noise_clip": Rule(min=0)},
-}
-
 
 def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     """Compose and validate the config; with ``resume=PATH`` the checkpoint's config is the base. Returns
@@ -123,10 +111,10 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
         _check_resumable(cfg, checkpoint)
     if cfg.algo not in ALGOS:
         raise ConfigError(f"algo={cfg.algo!r} is not allowed; allowed: {', '.join(ALGOS)}")
-    for key, rule in ALGO_RULES[cfg.algo].items():
+    for key, rule in algorithm(cfg.algo).rules.items():
         rule.validate(key, OmegaConf.select(cfg, key))
     if is_atari(cfg):
-        if cfg.algo != "dqn":
+        if not algorithm(cfg.algo).discrete:
             raise ConfigError(f"env.name={cfg.env.name!r} is an ALE game; allowed for {cfg.algo}: a continuous-action "
                               "Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5)")
     else:
@@ -198,7 +186,7 @@ def _check_frames_once(cfg: DictConfig) -> None:
 
 # what the checkpoint's networks and optimisers were built for: a resume cannot change them
 SHAPE_KEYS = ("model.hidden", "model.activation", "env.name", "env.from_pixels", "env.image_size",
-              "env.atari.frame_stack", "env.atari.image_size", "dqn.dueling")
+              "env.atari.frame_stack", "env.atari.image_size")  # and the algorithm's own (Algorithm.shape_keys)
 # what a saved replay was written with: a resume that restores it cannot change them
 REPLAY_KEYS = ("loss.n_steps", "replay.frames_once")
 
@@ -207,7 +195,7 @@ def _check_resumable(cfg: DictConfig, checkpoint: dict) -> None:
     """A resume keeps the networks' shapes, and a memmap replay finds its files (or the run resumes without it:
     ``replay.storage=memory``, refilled by the prefill)."""
     saved = OmegaConf.create(_renamed_keys(checkpoint["config"]))
-    for key in SHAPE_KEYS:
+    for key in SHAPE_KEYS + algorithm(cfg.algo).shape_keys:
         if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} differs from the resumed run's; allowed: "
                               f"{OmegaConf.select(saved, key)} (the checkpoint's networks were built for it)")
@@ -241,8 +229,7 @@ def check_env_backend(cfg: DictConfig) -> None:
 
 # keys newer than some checkpoints, with what those runs used: a resume keeps them (a profile file's value today
 # would change the resumed run's recipe)
-ADDED_KEYS = {"loss.n_steps": 1, "replay.frames_once": False}
-ADDED_DQN_KEYS = {"dqn.dueling": False}
+ADDED_KEYS = {"loss.n_steps": 1, "replay.frames_once": False}  # (an algorithm's own: Algorithm.added_keys)
 
 
 def _renamed_keys(config: dict) -> dict:
@@ -254,7 +241,8 @@ def _renamed_keys(config: dict) -> dict:
             OmegaConf.update(config, new, OmegaConf.select(config, old))
             parent, _, leaf = old.rpartition(".")
             del (OmegaConf.select(config, parent) if parent else config)[leaf]
-    added = {**ADDED_KEYS, **(ADDED_DQN_KEYS if config.get("algo") == "dqn" else {})}
+    own = algorithm(config["algo"]).added_keys if config.get("algo") in ALGOS else {}
+    added = {**ADDED_KEYS, **own}
     for key, value in added.items():
         if OmegaConf.select(config, key) is None:
             OmegaConf.update(config, key, value)
@@ -288,13 +276,14 @@ def _check_ray(cfg: DictConfig) -> None:
 
 
 def check_action_space(cfg: DictConfig, env) -> None:
-    """The algorithm fits the env's actions: discrete for DQN, bounded continuous for SAC, TD3 and DDPG."""
+    """The algorithm fits the env's actions: discrete (DQN) or bounded continuous (the others)."""
     from torchrl.data import Bounded, OneHot
 
     spec = env.action_spec_unbatched
-    if cfg.algo == "dqn" and not isinstance(spec, OneHot):
-        raise ConfigError(f"env.name={cfg.env.name!r} has continuous actions; allowed for dqn: a discrete-action "
-                          "env (CartPole-v1, an ALE game such as Pong)")
-    if cfg.algo != "dqn" and not isinstance(spec, Bounded):
+    discrete = algorithm(cfg.algo).discrete
+    if discrete and not isinstance(spec, OneHot):
+        raise ConfigError(f"env.name={cfg.env.name!r} has continuous actions; allowed for {cfg.algo}: a "
+                          "discrete-action env (CartPole-v1, an ALE game such as Pong)")
+    if not discrete and not isinstance(spec, Bounded):
         raise ConfigError(f"env.name={cfg.env.name!r} has no bounded continuous actions; allowed for {cfg.algo}: "
                           "HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5 or another Box-action env")

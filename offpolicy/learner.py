@@ -51,19 +51,18 @@ def abs_td_error(td_error: torch.Tensor, *, squared: bool) -> torch.Tensor:
 class Learner:
     """Runs optimiser steps of one algorithm's torchrl loss over its :class:`OptimGroup` optimisers.
 
-    ``critic_only_method`` (TD3Loss.value_loss) is called on steps where only the critic is due, skipping the actor
-    loss's forward; with ``targets_follow`` the target networks move only on steps where that optimiser stepped. The
-    losses detach what each term must not train, so one summed backward equals separate ones.
+    ``critic_only`` (TD3, CrossQ: the loss's critic term alone) runs on steps where only the critic is due, skipping
+    the actor loss's forward; the target networks move on steps where a group with ``moves_targets`` stepped (TD3:
+    the actor's). The losses detach what each term must not train, so one summed backward equals separate ones.
 
     Each kind of step (which optimisers are due, whether soft targets move) gets its own step function, built once:
     eager, or compiled (``compile``). Every kind has run twice after ``warmup_steps`` (the optimisers' states exist
     from their first step on), so a graph built after that is a recompilation (:attr:`recompiles`).
     """
 
-    def __init__(self, loss, groups: list[OptimGroup], target_updater: TargetUpdate, *,
-                 sample_shape: tuple[int, ...], critic_only_method: str | None = None,
-                 critic_loss_key: str = "loss_qvalue", targets_follow: str | None = None,
-                 prioritized: bool = False, td_error_squared: bool = True,
+    def __init__(self, loss, groups: list[OptimGroup], target_updater: TargetUpdate | None, *,
+                 sample_shape: tuple[int, ...], critic_only: Callable | None = None,
+                 critic_loss_key: str = "loss_qvalue", prioritized: bool = False, td_error_squared: bool = True,
                  chunk: int = SAMPLE_CHUNK, check_every: int = 1, device: torch.device | None = None,
                  action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None, grad_sync=None,
                  compile: CompileOptions = CompileOptions()):
@@ -71,9 +70,8 @@ class Learner:
         self.groups = groups
         self.target_updater = target_updater
         self.sample_shape = tuple(sample_shape)
-        self.critic_only_method = critic_only_method
+        self.critic_only = critic_only
         self.critic_loss_key = critic_loss_key
-        self.targets_follow = targets_follow
         self.prioritized, self.td_error_squared = prioritized, td_error_squared
         self.chunk = chunk  # batches per replay call (1 for prioritized and sliced replay)
         self.device = device  # where the loss lives (a GPU learner rank); replay stays on the CPU
@@ -91,7 +89,8 @@ class Learner:
         self._graphs_after_warmup: int | None = None
         # values not computed on a step (TD3's actor loss between actor updates) repeat their latest one
         self._latest: dict[str, torch.Tensor] = {}
-        target_updater.init_()
+        if target_updater is not None:
+            target_updater.init_()
 
     # --- one round ---------------------------------------------------------------------------------------------
     def update(self, replay, n_steps: int, version: int, stop: Callable[[], bool] | None = None) -> dict[str, float]:
@@ -155,7 +154,7 @@ class Learner:
         if version is not None and self.steps % self.check_every == 0:
             self.check(sample, version)
         self.due = [g for g in self.groups if self.steps % g.every == 0]
-        targets_due = self.targets_follow is None or self.is_due(self.targets_follow)
+        targets_due = self.target_updater is not None and any(g.moves_targets for g in self.due)
         soft = targets_due and self.target_updater.soft
         losses = self._step_function(tuple(g.name for g in self.due), soft)(sample)
         if targets_due and self.target_updater.tick() and not soft:
@@ -174,14 +173,14 @@ class Learner:
 
     def _build_step_function(self, groups: list[OptimGroup], soft_targets: bool):
         keys = sorted({k for g in groups for k in g.loss_keys})
-        critic_only = self.critic_only_method is not None and keys == [self.critic_loss_key]
+        critic_only = self.critic_only if keys == [self.critic_loss_key] else None
         loss, updater, grad_sync = self.loss, self.target_updater, self.grad_sync
 
         def forward_backward(sample: TensorDictBase) -> dict[str, torch.Tensor]:
-            if critic_only:
-                value, metadata = getattr(loss, self.critic_only_method)(sample)
+            if critic_only is not None:
+                value, td_error = critic_only(sample)
                 losses = {self.critic_loss_key: value}
-                sample.set("td_error", metadata["td_error"].detach().max(0)[0])
+                sample.set("td_error", td_error)
             else:
                 losses = dict(loss(sample).items())
             sum(losses[k] for k in keys).backward()
@@ -228,16 +227,13 @@ class Learner:
             return None
         return compat.compiled_graphs() - self._graphs_after_warmup
 
-    def is_due(self, name: str) -> bool:
-        """Whether optimiser ``name`` stepped on the latest optimiser step (TD3's targets move with its actor)."""
-        return any(g.name == name for g in self.due)
-
     # --- checkpoints -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Networks (with targets and SAC's temperature), optimisers, step and target-update counters."""
         return {"loss": self.loss.state_dict(),
                 "optimizers": {g.name: g.optimizer.state_dict() for g in self.groups},
-                "steps": self.steps, "target_updates": self.target_updater.updates}
+                "steps": self.steps,
+                "target_updates": self.target_updater.updates if self.target_updater is not None else 0}
 
     def load_state_dict(self, state: dict) -> None:
         self.loss.load_state_dict(state["loss"])
@@ -249,4 +245,22 @@ class Learner:
             for param_group, flags in zip(group.optimizer.param_groups, kept):
                 param_group.update(flags)
         self.steps = int(state["steps"])
-        self.target_updater.updates = int(state["target_updates"])
+        if self.target_updater is not None:
+            self.target_updater.updates = int(state["target_updates"])
+
+
+def compile_options(cfg) -> CompileOptions:
+    """The ``compile`` section as the learner's options."""
+    return CompileOptions(enabled=cfg.compile.enabled, mode=cfg.compile.mode, cudagraphs=cfg.compile.cudagraphs)
+
+
+def make_learner(cfg, parts, action_spec, *, sample_shape: tuple[int, ...], grad_sync=None, chunk: int = SAMPLE_CHUNK,
+                 device: torch.device | None = None) -> Learner:
+    """The learner over an algorithm's parts (offpolicy/algos/): uniform replay is sampled ``chunk`` batches per call
+    (prioritized and sliced replay one batch per call, as priorities change after every step)."""
+    return Learner(parts.loss, parts.groups, parts.target_updater, sample_shape=sample_shape,
+                   critic_only=parts.critic_only, critic_loss_key=parts.critic_loss_key,
+                   prioritized=cfg.replay.prioritized, td_error_squared=parts.td_error_squared,
+                   chunk=1 if cfg.replay.prioritized or cfg.replay.slice_len else chunk,
+                   check_every=cfg.invariants.check_every, action_bounds=parts.action_bounds(action_spec),
+                   grad_sync=grad_sync, device=device, compile=compile_options(cfg))

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import psutil
 from omegaconf import DictConfig
 
+from offpolicy.algos import ALGOS
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
 from offpolicy.envs import eval_max_steps, make_train_env
 from offpolicy.replay import optim_steps_per_batch
 from shared.config import ConfigError, help_text, run_cli
 
-USAGE = "usage: python -m offpolicy.plan [algo=dqn|sac|ddpg|td3] profile=NAME [key=value ...]"
+USAGE = f"usage: python -m offpolicy.plan [algo={'|'.join(ALGOS)}] profile=NAME [key=value ...]"
 
 
 def transition_bytes(cfg: DictConfig) -> int:

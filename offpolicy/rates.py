@@ -86,7 +86,8 @@ def matmul_flops() -> float:
 
 def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
     """Measure the run's rates (``cfg`` validated); ``backends`` also get the env-step table."""
-    from offpolicy.algorithms import SAMPLE_CHUNK, build_parts, make_learner
+    from offpolicy.algos import build_parts
+    from offpolicy.learner import SAMPLE_CHUNK, make_learner
     from offpolicy.engines.local import make_collector
     from offpolicy.envs import for_replay, make_eval_env, make_train_env
     from offpolicy.replay import make_replay_buffer, sample_shape

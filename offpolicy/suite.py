@@ -1,10 +1,10 @@
-"""``python -m offpolicy.suite profile=<name> [algos=dqn,sac,ddpg,td3] [suite_dir=PATH] [timeout_s=N] [key=value ...]``:
+"""``python -m offpolicy.suite profile=<name> [algos=NAME,NAME...] [suite_dir=PATH] [timeout_s=N] [key=value ...]``:
 run ``python -m offpolicy.train`` once per algorithm, each in a fresh process (so its Ray cluster and every resource
 are gone before the next starts), record every failure instead of stopping at the first, and write
 ``<suite_dir>/suite.json``. Other ``key=value`` pairs go to every run. Exit 0 only when every run completed.
 
-Each algorithm runs on its own default env unless ``env=`` is given (DQN CartPole-v1; SAC, DDPG, TD3 HalfCheetah-v5;
-the ``*_smoke`` profiles use Pendulum-v1 for the continuous ones, to stay in seconds).
+Each algorithm runs on its own default env unless ``env=`` is given (its yaml's; the ``*_smoke`` profiles use its
+module's ``smoke_env``, to stay in seconds).
 """
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from offpolicy.algorithms import ALGOS
+from offpolicy.algos import ALGOS, algorithm
 from shared.config import ConfigError, ensure_writable_dir, run_cli
 
 SUITE_KEYS = ("algos", "suite_dir", "timeout_s")
-SMOKE_ENVS = {"dqn": "CartPole-v1", "sac": "Pendulum-v1", "ddpg": "Pendulum-v1", "td3": "Pendulum-v1"}
 
 
 def _parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -47,7 +46,7 @@ def run_one(algo: str, run_dir: Path, overrides: list[str], timeout_s: int) -> d
     args = [f"algo={algo}", f"run_dir={run_dir}", *overrides]
     profile = next(a.partition("=")[2] for a in overrides if a.startswith("profile="))
     if profile.endswith("smoke") and not any(a.startswith(("env=", "env.name=")) for a in overrides):
-        args.append(f"env={SMOKE_ENVS[algo]}")
+        args.append(f"env={algorithm(algo).smoke_env}")
     start = time.monotonic()
     log = run_dir.parent / f"{algo}.log"
     with open(log, "w") as out:

@@ -1,6 +1,7 @@
-"""Entry point of the off-policy engine: ``python -m offpolicy.train algo=dqn|sac|ddpg|td3 [env=...] [key=value...]``.
+"""Entry point of the off-policy engine: ``python -m offpolicy.train algo=NAME [env=...] [key=value...]`` (the
+algorithms: offpolicy/algos/).
 
-Builds the parts (algorithms.py: which; engines/: where they run), runs the loop (loop.py) with the services around
+Builds the parts (algos/: which; engines/: where they run), runs the loop (loop.py) with the services around
 it (invariants, metrics, evaluation, checkpoints, Ctrl-C), and writes the summary. The same code serves every engine.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from offpolicy.algorithms import build_parts
+from offpolicy.algos import ALGOS, build_parts
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, check_action_space, compose_config
 from offpolicy.engines import describe_failure, make_engine, training_env_copies
 from offpolicy.engines.base import LearnerLost
@@ -33,7 +34,7 @@ from shared.plots import plot_curves
 
 compat.fast_from_any()
 
-USAGE = ("usage: python -m offpolicy.train algo=dqn|sac|ddpg|td3 [env=NAME] [profile=smoke|local|ray_smoke|...] "
+USAGE = (f"usage: python -m offpolicy.train algo={'|'.join(ALGOS)} [env=NAME] [profile=smoke|local|ray_smoke|...] "
          "[engine=local|ray] [run_dir=PATH] [resume=CHECKPOINT] [key=value ...]")
 EXIT_INVARIANT = 3
 EXIT_FAILED = 4

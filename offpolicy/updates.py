@@ -1,6 +1,6 @@
 """How one optimiser step updates the networks: the per-network optimisers (each with its own learning rate, weight
 decay, gradient-norm clip and period) and the target networks (soft or an exact hard copy). Built from the config by
-algorithms.py; run by the learner (learner.py).
+the algorithm modules (offpolicy/algos/); run by the learner (learner.py).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class OptimGroup:
     loss_keys: tuple[str, ...]
     max_grad_norm: float | None = None
     every: int = 1  # step on every ``every``-th optimiser step (TD3's delayed actor: 2)
+    moves_targets: bool = True  # the target networks move on the steps where this group steps (TD3: actor only)
 
     def params(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -52,7 +53,9 @@ class TargetUpdate:
                 continue
             source = getattr(self.loss_module, f"{name}_params").flatten_keys()
             target = target.flatten_keys()
-            self.pairs += [(source[k].data, target[k].data) for k in source.keys()]
+            # a loss that does not delay a network (REDQ's actor) lists the network itself as its target: skip it
+            self.pairs += [(source[k].data, target[k].data) for k in source.keys()
+                           if source[k].data_ptr() != target[k].data_ptr()]
         if not self.pairs:
             raise ValueError(f"{type(self.loss_module).__name__} has no target networks")
         for source, target in self.pairs:

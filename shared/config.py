@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,10 +256,14 @@ def ensure_writable_dir(path: str | Path, key: str) -> Path:
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
-    """Run an entry point: a ConfigError becomes one ``error:`` line and exit code 2."""
+    """Run an entry point: a ConfigError becomes one ``error:`` line and exit code 2; output piped into a reader that
+    stops early (``| head``) ends the run quietly, as other command-line tools do."""
     try:
         code = main(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's own flush does not fail again
+        sys.exit(141)  # 128 + SIGPIPE, what a shell reports for a reader that left
     sys.exit(code or 0)

@@ -33,7 +33,7 @@ def smoke_parts(algo: str, *overrides: str):
     collected batch, flattened: returns ``(cfg, env, parts, batch)`` (``env`` gives specs; its collector is shut)."""
     import torch
 
-    from offpolicy.algorithms import build_parts
+    from offpolicy.algos import build_parts
     from offpolicy.config import compose_config
     from offpolicy.engines.local import make_collector
     from offpolicy.envs import make_train_env

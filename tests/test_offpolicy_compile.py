@@ -6,7 +6,7 @@ import pytest
 import torch
 from offpolicy_helpers import smoke_parts, summary, train_inprocess
 
-from offpolicy.algorithms import make_learner
+from offpolicy.learner import make_learner
 
 
 class _Replay:

@@ -9,7 +9,7 @@ from shared.config import ConfigError
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["algo=ppo"], "algo='ppo' does not exist; allowed: ddpg, dqn, sac, td3"),
+    (["algo=ppo"], "algo='ppo' does not exist; allowed: crossq, ddpg, dqn, redq, sac, td3"),
     (["optim.batch_size=0"], "optim.batch_size=0 is out of range"),
     (["optim.btach_size=64"], "unknown key 'optim.btach_size'; did you mean optim.batch_size"),
     (["optim.utd_ratio=0.3333", "collector.env_steps_per_batch=256"], "optim.utd_ratio=0.3333"),
@@ -56,7 +56,7 @@ def test_cli_prints_one_line_and_exits_2(args):
 def test_help_lists_groups_and_defaults(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "algo=: ddpg | dqn | sac | td3" in out
+    assert "algo=: crossq | ddpg | dqn | redq | sac | td3" in out
     assert "profile=: atari | atari_cleanrl | humanoid_scale | local | ray_smoke | scale | scale_rehearsal | smoke" in out
     assert "utd_ratio" in out
 

@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from offpolicy.algorithms import build_parts
+from offpolicy.algos import build_parts
 from offpolicy.config import compose_config
 from offpolicy.engines.local import LocalEngine
 from offpolicy.envs import make_train_env

@@ -91,7 +91,7 @@ def test_memmap_replay_is_on_disk_reopened_on_resume_and_rerun(tmp_path):
 def test_parallel_envs_collect_num_envs_trajectories(vector):
     cfg = _cfg("env.num_envs=2", f"env.vector={vector}", "collector.env_steps_per_batch=100")
     env = envs.make_train_env(cfg)
-    from offpolicy.algorithms import build_parts
+    from offpolicy.algos import build_parts
 
     parts = build_parts(cfg, env)
     collector = make_collector(cfg, env, parts.collect_policy)
@@ -113,7 +113,7 @@ def test_smoke_run_with_parallel_envs(tmp_path):
 
 
 def test_pixel_observations_train_through_a_conv_encoder(tmp_path):
-    from offpolicy.algorithms import build_parts
+    from offpolicy.algos import build_parts
     from shared.models import PixelEncoder
 
     cfg = _cfg("env=HalfCheetah-v5", "env.from_pixels=true")

@@ -8,7 +8,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from offpolicy.algorithms import build_parts
+from offpolicy.algos import build_parts
 from offpolicy.collection import LeanCollector, lean_collection
 from offpolicy.config import compose_config
 from offpolicy.engines import training_env_copies

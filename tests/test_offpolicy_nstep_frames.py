@@ -11,7 +11,7 @@ import torch
 from offpolicy_helpers import run_cli, summary, train_inprocess
 from tensordict import TensorDict
 
-from offpolicy.algorithms import build_parts
+from offpolicy.algos import build_parts
 from offpolicy.config import compose_config
 from offpolicy.engines.local import make_collector
 from offpolicy.envs import for_replay, make_train_env

@@ -305,7 +305,7 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
     import ray
     from tensordict import TensorDict
 
-    from offpolicy.algorithms import build_parts
+    from offpolicy.algos import build_parts
     from offpolicy.engines.ray import make_replay_buffer, start_ray
     from offpolicy.engines.ray_collectors import CollectorPool
     from offpolicy.envs import make_train_env

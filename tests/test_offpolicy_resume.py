@@ -42,7 +42,7 @@ def test_resume_continues_the_run(tmp_path, with_replay):
 
 
 def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
-    from offpolicy.algorithms import build_parts
+    from offpolicy.algos import build_parts
     from offpolicy.config import compose_config
     from offpolicy.engines.local import LocalEngine
     from offpolicy.envs import make_train_env

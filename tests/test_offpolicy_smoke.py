@@ -6,8 +6,8 @@ from offpolicy_helpers import run_cli, summary
 
 from shared.logging import read_scalars
 
-# algo -> optimiser steps per 100-frame smoke batch (utd_ratio x env_steps_per_batch; DQN's utd is 0.5)
-STEPS = {"dqn": 50, "sac": 100, "ddpg": 100, "td3": 100}
+# algo -> optimiser steps per 100-frame smoke batch (utd_ratio x env_steps_per_batch; DQN's utd is 0.5, REDQ's 20)
+STEPS = {"dqn": 50, "sac": 100, "ddpg": 100, "td3": 100, "crossq": 100, "redq": 2000}
 
 
 @pytest.mark.parametrize("algo", sorted(STEPS))

@@ -6,7 +6,8 @@ import pytest
 import torch
 from offpolicy_helpers import smoke_parts
 
-from offpolicy.algorithms import build_parts, make_learner
+from offpolicy.algos import build_parts
+from offpolicy.learner import make_learner
 from offpolicy.config import compose_config
 from offpolicy.envs import make_train_env
 from offpolicy.replay import sample_shape
@@ -143,7 +144,7 @@ def test_td3_target_smoothing_noise_is_per_action_dimension():
     from torchrl.data import Bounded
     from torchrl.modules import ValueOperator
 
-    from offpolicy.algorithms import make_loss
+    from offpolicy.algos.td3 import make_loss
 
     cfg, _ = compose_config(["algo=td3", "env=Pendulum-v1", "profile=smoke"])
     half_range = torch.tensor([1.0, 10.0])

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from offpolicy import envs
 from offpolicy.engines.local import make_collector
 from offpolicy.replay import make_replay_buffer, sample_shape
-from offpolicy.algorithms import build_parts
+from offpolicy.algos import build_parts
 from offpolicy.config import compose_config
 
 GAMMA, LMBDA = 0.9, 0.5

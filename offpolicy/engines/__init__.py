@@ -10,7 +10,7 @@ from offpolicy.engines.base import Engine
 
 
 def make_engine(cfg: DictConfig, env, parts, run_dir: Path, seed: int) -> Engine:
-    """The engine ``cfg.engine`` names, built around ``parts`` (offpolicy/algorithms.py) and the training env (the
+    """The engine ``cfg.engine`` names, built around ``parts`` (offpolicy/algos/) and the training env (the
     local collector's env, already seeded with ``seed``; the local lean collector and the Ray collectors build their
     own from the config, seeded from ``seed``, and then only read ``env``'s specs and statistics)."""
     if cfg.engine == "ray":

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from offpolicy.algorithms import AlgoParts, make_learner
+from offpolicy.algos import AlgoParts
+from offpolicy.learner import make_learner
 from offpolicy.collection import LeanCollector, lean_collection
 from offpolicy.engines.base import Engine, Rollout, RolloutStats
 from offpolicy.envs import for_replay, obs_norm_state

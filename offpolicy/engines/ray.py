@@ -28,7 +28,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDict
 
-from offpolicy.algorithms import AlgoParts, build_parts, make_learner
+from offpolicy.algos import AlgoParts, build_parts
+from offpolicy.learner import make_learner
 from offpolicy.engines.base import Engine, LearnerLost, Rollout
 from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted
 from offpolicy.envs import obs_norm_state

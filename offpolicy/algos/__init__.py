@@ -1,0 +1,37 @@
+"""The off-policy algorithms, one module each (``dqn``, ``sac``, ``td3``, ``ddpg``, ``crossq``, ``redq``), found by
+name. Each module declares ``ALGORITHM`` (base.py: name, action-space kind, config rules, smoke env, builder); its
+config file is ``configs/offpolicy/algo/<name>.yaml``. Adding an algorithm is adding those two files.
+
+Where the parts run (in this process or on Ray) is the engine's job (offpolicy/engines/).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from omegaconf import DictConfig
+
+from offpolicy.algos.base import AlgoParts, Algorithm
+
+_SHARED = {"base", "networks"}  # modules of this package that are not algorithms
+ALGORITHMS: dict[str, Algorithm] = {
+    module.ALGORITHM.name: module.ALGORITHM
+    for module in (importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)
+                   if info.name not in _SHARED)
+}
+ALGOS = tuple(ALGORITHMS)
+RENAMED_KEYS = {old: new for a in ALGORITHMS.values() for old, new in a.renamed_keys.items()}
+
+
+def algorithm(name: str) -> Algorithm:
+    """The algorithm called ``name`` (a name the config check has accepted)."""
+    return ALGORITHMS[name]
+
+
+def build_parts(cfg: DictConfig, env) -> AlgoParts:
+    """Build the parts of ``cfg.algo`` for ``env`` (anything with torchrl ``*_spec_unbatched``: only specs are
+    read)."""
+    return ALGORITHMS[cfg.algo].build(cfg, env)
+
+
+__all__ = ["ALGORITHMS", "ALGOS", "RENAMED_KEYS", "AlgoParts", "Algorithm", "algorithm", "build_parts"]

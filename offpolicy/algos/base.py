@@ -1,0 +1,59 @@
+"""What an algorithm module declares (:class:`Algorithm`) and what its builder returns (:class:`AlgoParts`): the only
+contract between an algorithm and the rest of the engine. The loop, the learner and the engines never branch on the
+algorithm's name."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from offpolicy.updates import OptimGroup, TargetUpdate
+from shared.config import Rule
+
+
+@dataclass
+class AlgoParts:
+    """The algorithm's parts, built from the config and the env's specs."""
+
+    collect_policy: nn.Module  # what the collector runs: stochastic (samples, noise or epsilon-greedy)
+    eval_policy: nn.Module  # deterministic: the loss's actor (greedy Q network for DQN)
+    exploration: nn.Module | None  # annealed by collected env steps, published with the actor (None for SAC)
+    loss: nn.Module
+    groups: list[OptimGroup]  # one optimiser per network, checkpointed by name; a group's ``moves_targets`` says
+    #                           whether its steps move the target networks (TD3: only the actor's)
+    target_updater: TargetUpdate | None  # None: the loss has no target networks (CrossQ)
+    # on steps where only the critic is due: ``sample -> (critic loss, |TD error| per sample)``, skipping the actor
+    # loss's forward (TD3, CrossQ); None: the whole loss every step
+    critic_only: Callable[[object], tuple[torch.Tensor, torch.Tensor]] | None = None
+    critic_loss_key: str = "loss_qvalue"
+    td_error_squared: bool = True  # torchrl's DQN, DDPG and TD3 losses write (delta)^2 as "td_error", SAC |delta|
+    exploration_value: Callable[[], float] = lambda: 0.0  # current epsilon / sigma / alpha, for train/ metrics
+    discrete: bool = False
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {g.name: g.optimizer for g in self.groups}
+
+    def action_bounds(self, action_spec) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Low and high action bounds (None for discrete actions), for the action statistics."""
+        if self.discrete:
+            return None
+        return action_spec.space.low.float(), action_spec.space.high.float()
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm, as its module declares it (``ALGORITHM = Algorithm(...)``)."""
+
+    name: str
+    discrete: bool  # action space: discrete (one-hot, e.g. CartPole, ALE games) or bounded continuous
+    smoke_env: str  # the env of its smoke runs (``offpolicy.suite profile=*smoke``)
+    build: Callable[[DictConfig, object], AlgoParts]  # (cfg, anything with torchrl ``*_spec_unbatched``) -> parts
+    rules: dict[str, Rule] = field(default_factory=dict)  # its config section's keys and what each allows
+    # keys newer than some of its checkpoints, with the value those runs used (a resume keeps it)
+    added_keys: dict[str, object] = field(default_factory=dict)
+    renamed_keys: dict[str, str] = field(default_factory=dict)  # old key -> current key (old checkpoints, old CLIs)
+    shape_keys: tuple[str, ...] = ()  # its keys that shape its networks: a resume cannot change them

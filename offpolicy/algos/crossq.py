@@ -1,0 +1,45 @@
+"""CrossQ (Bhatt et al. 2024) on torchrl's ``CrossQLoss``: SAC without target networks. The critics batch-
+renormalise their hidden layers and see the current and the next state-action pairs in one forward pass (so both
+share the batch statistics); the actor and the temperature step every ``crossq.policy_delay`` critic steps; Adam with
+beta1 = 0.5; UTD 1. The recipe is torchrl's sota-implementations/crossq (lr 1e-3, betas (0.5, 0.999), policy delay
+3, BatchRenorm momentum 0.01); the actor has no normalisation here, so collection and evaluation need no
+train/eval switch."""
+from __future__ import annotations
+
+from offpolicy.algos import networks as nets
+from offpolicy.algos.base import AlgoParts, Algorithm
+from shared.config import Rule
+
+
+def build(cfg, env) -> AlgoParts:
+    from torchrl.modules import BatchRenorm1d
+    from torchrl.objectives import CrossQLoss
+
+    obs_spec, action_spec = nets.specs(env)
+    actor = nets.tanh_normal_actor(cfg, obs_spec, action_spec)
+    norm = [{"num_features": width, "momentum": cfg.crossq.renorm_momentum,
+             "warmup_steps": cfg.crossq.renorm_warmup_steps} for width in nets.hidden(cfg)]
+    critic = nets.qvalue(cfg, obs_spec, action_spec.shape[-1], norm_class=BatchRenorm1d, norm_kwargs=norm)
+    nets.before_losses()
+    loss = nets.with_value_estimator(cfg, CrossQLoss(
+        actor, critic, num_qvalue_nets=2, loss_function=cfg.loss.function, alpha_init=cfg.crossq.alpha_init,
+        fixed_alpha=cfg.crossq.fixed_alpha, target_entropy=nets.target_entropy(cfg.crossq), action_spec=action_spec,
+        deactivate_vmap=True))  # each critic's batch statistics from its own plain forward, not under vmap
+    betas = (cfg.crossq.adam_beta1, 0.999)
+    delay = cfg.crossq.policy_delay
+    groups = nets.actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue", actor_every=delay,
+                                      betas=betas)
+    return AlgoParts(
+        collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
+        groups=groups + nets.alpha_group(cfg, loss, cfg.crossq, every=delay), target_updater=None,
+        critic_only=nets.critic_only(loss.qvalue_loss, ensemble_td_error=False), td_error_squared=False,
+        exploration_value=lambda: float(loss.log_alpha.detach().exp()),
+    )
+
+
+ALGORITHM = Algorithm(
+    name="crossq", discrete=False, smoke_env="Pendulum-v1", build=build,
+    rules={"crossq.alpha_init": Rule(min=1e-9), "crossq.alpha_lr": Rule(min=1e-12),
+           "crossq.policy_delay": Rule(min=1, integer=True), "crossq.adam_beta1": Rule(min=0, max=0.999),
+           "crossq.renorm_momentum": Rule(min=1e-6, max=1), "crossq.renorm_warmup_steps": Rule(min=0, integer=True)},
+)

@@ -1,0 +1,36 @@
+"""DDPG (Lillicrap et al. 2016) on torchrl's ``DDPGLoss``: a deterministic actor with Gaussian or
+Ornstein-Uhlenbeck noise for collection, one Q network, target actor and critic."""
+from __future__ import annotations
+
+from tensordict.nn import TensorDictSequential
+
+from offpolicy.algos import networks as nets
+from offpolicy.algos.base import AlgoParts, Algorithm
+from shared.config import Rule
+
+
+def build(cfg, env) -> AlgoParts:
+    from torchrl.objectives import DDPGLoss
+
+    obs_spec, action_spec = nets.specs(env)
+    actor = nets.continuous_actor(cfg, obs_spec, action_spec)
+    noise = nets.noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_env_steps)
+    nets.before_losses()
+    loss = nets.with_value_estimator(cfg, DDPGLoss(actor, nets.qvalue(cfg, obs_spec, action_spec.shape[-1]),
+                                                   loss_function=cfg.loss.function, delay_actor=True,
+                                                   delay_value=True))
+    return AlgoParts(
+        collect_policy=actor if noise is None else TensorDictSequential(actor, noise), eval_policy=actor,
+        exploration=noise, loss=loss,
+        groups=nets.actor_critic_groups(cfg, loss, loss.value_network_params, "loss_value"),
+        target_updater=nets.target_updater(cfg, loss), critic_loss_key="loss_value",
+        exploration_value=nets.noise_value(noise),
+    )
+
+
+ALGORITHM = Algorithm(
+    name="ddpg", discrete=False, smoke_env="Pendulum-v1", build=build,
+    renamed_keys={"ddpg.anneal_frames": "ddpg.anneal_env_steps"},
+    rules={**{f"ddpg.{k}": r for k, r in nets.NOISE_RULES.items()},
+           "ddpg.noise": Rule(choices=("gaussian", "ou", "none"))},
+)

@@ -1,0 +1,59 @@
+"""DQN (Mnih et al. 2015; double: van Hasselt et al. 2016; dueling: Wang et al. 2016) on torchrl's ``DQNLoss``:
+epsilon-greedy collection, a hard or soft target Q network. Discrete actions: CartPole, ALE games (Nature CNN)."""
+from __future__ import annotations
+
+import torch
+from tensordict.nn import TensorDictSequential
+from torch import nn
+
+from offpolicy.algos import networks as nets
+from offpolicy.algos.base import AlgoParts, Algorithm
+from offpolicy.updates import OptimGroup
+from shared.config import Rule
+from shared.models import AtariTrunk, DuelingHead, mlp
+
+
+def q_network(cfg, obs_spec, n_actions: int) -> nn.Module:
+    """``observation -> Q values``: the Nature CNN on Atari frames (uint8 [C, H, W]) or the configured MLP; with
+    ``dqn.dueling`` the last dense layer (Atari: 512 units) becomes a value and an advantage stream."""
+    if obs_spec.dtype == torch.uint8:
+        trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature", dense=not cfg.dqn.dueling,
+                           channels_last=True)
+        head = (DuelingHead(trunk.out_features, n_actions, 512) if cfg.dqn.dueling
+                else nn.Linear(trunk.out_features, n_actions))
+        return nn.Sequential(trunk, head)
+    hidden, act = nets.hidden(cfg), nets.activation(cfg)
+    if not cfg.dqn.dueling:
+        return mlp(obs_spec.shape[-1], n_actions, hidden, act)
+    body = mlp(obs_spec.shape[-1], hidden[-2], hidden[:-2], act) if len(hidden) > 1 else nn.Identity()
+    width = hidden[-2] if len(hidden) > 1 else obs_spec.shape[-1]
+    activation = [act()] if len(hidden) > 1 else []
+    return nn.Sequential(body, *activation, DuelingHead(width, n_actions, hidden[-1], act))
+
+
+def build(cfg, env) -> AlgoParts:
+    from torchrl.modules import EGreedyModule, QValueActor
+    from torchrl.objectives import DQNLoss
+
+    obs_spec, action_spec = nets.specs(env)
+    qnet = QValueActor(q_network(cfg, obs_spec, action_spec.shape[-1]), in_keys=["observation"], spec=action_spec)
+    greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
+                           annealing_num_steps=cfg.dqn.eps_anneal_env_steps)
+    nets.before_losses()
+    loss = nets.with_value_estimator(cfg, DQNLoss(qnet, loss_function=cfg.loss.function, delay_value=True,
+                                                  double_dqn=cfg.dqn.double, action_space=action_spec))
+    optimizer = nets.network_adam(cfg, loss.value_network_params.flatten_keys().values(), "actor")
+    return AlgoParts(
+        collect_policy=TensorDictSequential(qnet, greedy), eval_policy=qnet, exploration=greedy, loss=loss,
+        groups=[OptimGroup("q", optimizer, ("loss",), cfg.optim.max_grad_norm)],
+        target_updater=nets.target_updater(cfg, loss), exploration_value=lambda: float(greedy.eps), discrete=True,
+    )
+
+ALGORITHM = Algorithm(
+    name="dqn", discrete=True, smoke_env="CartPole-v1", build=build,
+    rules={"dqn.eps_init": Rule(min=0, max=1), "dqn.eps_end": Rule(min=0, max=1),
+           "dqn.eps_anneal_env_steps": Rule(min=1, integer=True)},
+    added_keys={"dqn.dueling": False},
+    renamed_keys={"dqn.eps_anneal_frames": "dqn.eps_anneal_env_steps"},
+    shape_keys=("dqn.dueling",),
+)

@@ -1,0 +1,32 @@
+"""SAC (Haarnoja et al. 2018) on torchrl's ``SACLoss``: a tanh-Gaussian actor sampled for collection, two Q
+networks with soft targets, an automatically tuned entropy temperature."""
+from __future__ import annotations
+
+from offpolicy.algos import networks as nets
+from offpolicy.algos.base import AlgoParts, Algorithm
+from shared.config import Rule
+
+
+def build(cfg, env) -> AlgoParts:
+    from torchrl.objectives import SACLoss
+
+    obs_spec, action_spec = nets.specs(env)
+    actor = nets.tanh_normal_actor(cfg, obs_spec, action_spec)
+    nets.before_losses()
+    loss = nets.with_value_estimator(cfg, SACLoss(
+        actor, nets.qvalue(cfg, obs_spec, action_spec.shape[-1]), num_qvalue_nets=2, loss_function=cfg.loss.function,
+        alpha_init=cfg.sac.alpha_init, fixed_alpha=cfg.sac.fixed_alpha, target_entropy=nets.target_entropy(cfg.sac),
+        action_spec=action_spec, deactivate_vmap=nets.DEACTIVATE_VMAP))
+    groups = nets.actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue")
+    return AlgoParts(
+        collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
+        groups=groups + nets.alpha_group(cfg, loss, cfg.sac),
+        target_updater=nets.target_updater(cfg, loss), td_error_squared=False,
+        exploration_value=lambda: float(loss.log_alpha.detach().exp()),
+    )
+
+
+ALGORITHM = Algorithm(
+    name="sac", discrete=False, smoke_env="Pendulum-v1", build=build,
+    rules={"sac.alpha_init": Rule(min=1e-9), "sac.alpha_lr": Rule(min=1e-12)},
+)

@@ -1,0 +1,50 @@
+"""TD3 (Fujimoto et al. 2018) on torchrl's ``TD3Loss``: a deterministic actor with action noise for collection, two
+Q networks, target policy smoothing, and the actor and the targets moving every ``td3.policy_delay`` critic steps."""
+from __future__ import annotations
+
+from tensordict.nn import TensorDictSequential
+
+from offpolicy.algos import networks as nets
+from offpolicy.algos.base import AlgoParts, Algorithm
+from shared.config import Rule
+
+
+def make_loss(cfg, actor, critic, action_spec):
+    """torchrl's TD3Loss over ``actor`` and ``critic``, with the target smoothing noise per action dimension."""
+    from torchrl.objectives import TD3Loss
+
+    nets.before_losses()
+    loss = TD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2, loss_function=cfg.loss.function,
+                   deactivate_vmap=nets.DEACTIVATE_VMAP)
+    # target smoothing in units of each dimension's half range, as the TD3 paper (0.2 and 0.5 x max_action) and as
+    # the exploration noise here; torchrl's policy_noise and noise_clip are absolute. TD3Loss scales and clamps its
+    # noise with them as given, so per-dimension tensors work; as buffers they follow the loss to its device, and
+    # non-persistent ones leave the checkpoint's keys as they were (they come from the config)
+    half_range = (action_spec.space.high - action_spec.space.low) / 2
+    for name, scale in (("policy_noise", cfg.td3.target_noise), ("noise_clip", cfg.td3.noise_clip)):
+        delattr(loss, name)
+        loss.register_buffer(name, scale * half_range, persistent=False)
+    return nets.with_value_estimator(cfg, loss)
+
+
+def build(cfg, env) -> AlgoParts:
+    obs_spec, action_spec = nets.specs(env)
+    actor = nets.continuous_actor(cfg, obs_spec, action_spec)
+    noise = nets.noise(cfg.td3, action_spec, cfg.td3.anneal_env_steps)
+    loss = make_loss(cfg, actor, nets.qvalue(cfg, obs_spec, action_spec.shape[-1]), action_spec)
+    groups = nets.actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue",
+                                      actor_every=cfg.td3.policy_delay, targets_follow_actor=True)
+    return AlgoParts(
+        collect_policy=TensorDictSequential(actor, noise), eval_policy=actor, exploration=noise, loss=loss,
+        groups=groups, target_updater=nets.target_updater(cfg, loss),
+        critic_only=nets.critic_only(loss.value_loss, ensemble_td_error=True),
+        exploration_value=nets.noise_value(noise),
+    )
+
+
+ALGORITHM = Algorithm(
+    name="td3", discrete=False, smoke_env="Pendulum-v1", build=build,
+    renamed_keys={"td3.anneal_frames": "td3.anneal_env_steps"},
+    rules={**{f"td3.{k}": r for k, r in nets.NOISE_RULES.items()}, "td3.policy_delay": Rule(min=1, integer=True),
+           "td3.target_noise": Rule(min=0), "td3.noise_clip": Rule(min=0)},
+)
