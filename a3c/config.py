@@ -1,11 +1,12 @@
 """The A3C config: defaults in configs/a3c/config.yaml, profiles in configs/a3c/profile/, and the allowed values."""
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, compose, help_text, parse_overrides
+from shared.config import (CONFIG_ROOT, ConfigError, Group, Rule, check_kept_on_resume, compose, help_text,
+                           parse_overrides)
 from shared.atari import check_atari_name
-from shared.logging import BACKENDS
+from shared.logging import BACKENDS, check_logger_backend
 from shared.models import AtariTrunk
 
 CONFIG_DIR = CONFIG_ROOT / "a3c"
@@ -53,9 +54,17 @@ RULES = {
 }
 
 
+# what the checkpoint's model (its input channels and actions) and optimiser state were built for
+RESUME_KEYS = ("env.name", "env.frame_stack", "env.image_size", "env.grayscale", "model.arch", "optim.name")
+
+
 def load_config(argv: list[str], base: dict | None = None) -> DictConfig:
     """Compose the A3C config from the command line (``base``: a resumed checkpoint's config)."""
     cfg = compose(CONFIG_DIR, parse_overrides(argv, ALIASES), groups=GROUPS, rules=RULES, base=base)
+    check_logger_backend(cfg.logger.backend)
+    if base is not None:
+        check_kept_on_resume(cfg, OmegaConf.create(base), RESUME_KEYS,
+                             "the checkpoint's model and optimiser state were built for it")
     rollout = cfg.env.envs_per_worker * cfg.a3c.t_max
     if rollout % cfg.a3c.minibatches:
         raise ConfigError(f"a3c.minibatches={cfg.a3c.minibatches} must divide the rollout size "

@@ -12,10 +12,10 @@ from offpolicy.algos.networks import ACTIVATIONS
 from offpolicy.envs import is_atari
 from offpolicy.replay import replay_scratch_dir
 from shared.checkpoint import load_checkpoint
-from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, compose, parse_overrides
+from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, check_kept_on_resume, compose, parse_overrides
 from shared.envs import check_gym_name
 from shared.backends import ENV_BACKENDS, check_backend
-from shared.logging import BACKENDS
+from shared.logging import BACKENDS, check_logger_backend
 
 CONFIG_DIR = CONFIG_ROOT / "offpolicy"
 CHECKPOINT_KEYS = ("config", "counters", "learner")  # what offpolicy.train writes (train.Run.save_checkpoint)
@@ -107,6 +107,7 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     if base is not None and overrides.get("algo", base["algo"]) != base["algo"]:
         raise ConfigError(f"algo={overrides['algo']!r} differs from the resumed run's; allowed: {base['algo']}")
     cfg = compose(CONFIG_DIR, overrides, groups=GROUPS, rules=RULES, base=base)
+    check_logger_backend(cfg.logger.backend)
     if checkpoint is not None:
         _check_resumable(cfg, checkpoint)
     if cfg.algo not in ALGOS:
@@ -185,27 +186,24 @@ def _check_frames_once(cfg: DictConfig) -> None:
 
 
 # what the checkpoint's networks and optimisers were built for: a resume cannot change them
+# (env.obs_norm: the networks learned on raw or on standardised inputs; loss.value_estimator: the loss's state keys)
 SHAPE_KEYS = ("model.hidden", "model.activation", "env.name", "env.from_pixels", "env.image_size",
-              "env.atari.frame_stack", "env.atari.image_size")  # and the algorithm's own (Algorithm.shape_keys)
-# what a saved replay was written with: a resume that restores it cannot change them
-REPLAY_KEYS = ("loss.n_steps", "replay.frames_once")
+              "env.atari.frame_stack", "env.atari.image_size", "env.obs_norm",
+              "loss.value_estimator")  # and the algorithm's own (Algorithm.shape_keys)
+# what a saved replay was written with: a resume that restores it cannot change them (the sampler's layout too)
+REPLAY_KEYS = ("loss.n_steps", "replay.frames_once", "replay.prioritized", "replay.slice_len")
 
 
 def _check_resumable(cfg: DictConfig, checkpoint: dict) -> None:
     """A resume keeps the networks' shapes, and a memmap replay finds its files (or the run resumes without it:
     ``replay.storage=memory``, refilled by the prefill)."""
     saved = OmegaConf.create(_renamed_keys(checkpoint["config"]))
-    for key in SHAPE_KEYS + algorithm(cfg.algo).shape_keys:
-        if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
-            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} differs from the resumed run's; allowed: "
-                              f"{OmegaConf.select(saved, key)} (the checkpoint's networks were built for it)")
+    check_kept_on_resume(cfg, saved, SHAPE_KEYS + algorithm(cfg.algo).shape_keys,
+                         "the checkpoint's networks and loss were built for it")
     if checkpoint.get("replay") is not None:  # stored transitions are n-step ones, frames in their own layout
         keys = [*REPLAY_KEYS, *(("loss.gamma",) if cfg.loss.n_steps > 1 else ()),
                 *(("replay.size", "env.num_envs") if cfg.replay.frames_once else ())]
-        for key in keys:
-            if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
-                raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} differs from the resumed run's; allowed: "
-                                  f"{OmegaConf.select(saved, key)} (its saved replay was written with it)")
+        check_kept_on_resume(cfg, saved, keys, "its saved replay was written with it")
     if checkpoint.get("replay") is not None and saved.replay.storage == cfg.replay.storage == "memmap":
         scratch = replay_scratch_dir(cfg, Path(cfg.run_dir))
         if not (scratch / "meta.json").exists():
@@ -275,8 +273,9 @@ def _check_ray(cfg: DictConfig) -> None:
                               "uniform in-memory FIFO)")
 
 
-def check_action_space(cfg: DictConfig, env) -> None:
-    """The algorithm fits the env's actions: discrete (DQN) or bounded continuous (the others)."""
+def check_spaces(cfg: DictConfig, env) -> None:
+    """The algorithm fits the env's actions: discrete (DQN) or bounded continuous (the others). (Observations were
+    checked with the name: shared/envs.py check_gym_name.)"""
     from torchrl.data import Bounded, OneHot
 
     spec = env.action_spec_unbatched

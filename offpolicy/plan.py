@@ -17,7 +17,7 @@ import psutil
 from omegaconf import DictConfig
 
 from offpolicy.algos import ALGOS
-from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
+from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, check_spaces, compose_config
 from offpolicy.envs import eval_max_steps, make_train_env
 from offpolicy.replay import optim_steps_per_batch
 from shared.config import ConfigError, help_text, run_cli
@@ -40,6 +40,7 @@ def transition_bytes(cfg: DictConfig) -> int:
     one = OmegaConf.merge(cfg, {"env": {"num_envs": 1, "obs_norm": False}})
     env = make_train_env(one)
     try:
+        check_spaces(cfg, env)  # what offpolicy.train checks before it trains
         step = env.rollout(1)[0]
     finally:
         env.close()

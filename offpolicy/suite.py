@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 
 from offpolicy.algos import ALGOS, algorithm
+from offpolicy.config import compose_config
 from shared.config import ConfigError, ensure_writable_dir, run_cli
 
 SUITE_KEYS = ("algos", "suite_dir", "timeout_s")
+SET_BY_THE_SUITE = ("algo", "run_dir", "resume")
 
 
 def _parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -37,16 +39,25 @@ def _parse(argv: list[str]) -> tuple[dict, list[str]]:
     timeout = own.get("timeout_s", "3600")
     if not timeout.isdigit() or int(timeout) < 1:
         raise ConfigError(f"timeout_s={timeout!r} is not allowed; allowed: a positive integer (seconds per run)")
+    taken = [a for a in rest if a.partition("=")[0] in SET_BY_THE_SUITE]
+    if taken:
+        raise ConfigError(f"{taken[0]!r} is not allowed in a suite (it sets algo and run_dir of each run); allowed: "
+                          "algos=NAME,NAME... and suite_dir=PATH")
     own["algos"], own["timeout_s"] = algos, int(timeout)
     return own, rest
 
 
-def run_one(algo: str, run_dir: Path, overrides: list[str], timeout_s: int) -> dict:
-    """One training run in a fresh interpreter; its exit code, wall time, summary (if written) and last error line."""
-    args = [f"algo={algo}", f"run_dir={run_dir}", *overrides]
+def _smoke_env(algo: str, overrides: list[str]) -> list[str]:
+    """``env=`` of the algorithm's smoke env for a ``*smoke`` profile without an env of its own; else nothing."""
     profile = next(a.partition("=")[2] for a in overrides if a.startswith("profile="))
     if profile.endswith("smoke") and not any(a.startswith(("env=", "env.name=")) for a in overrides):
-        args.append(f"env={algorithm(algo).smoke_env}")
+        return [f"env={algorithm(algo).smoke_env}"]
+    return []
+
+
+def run_one(algo: str, run_dir: Path, overrides: list[str], timeout_s: int) -> dict:
+    """One training run in a fresh interpreter; its exit code, wall time, summary (if written) and last error line."""
+    args = [f"algo={algo}", f"run_dir={run_dir}", *overrides, *_smoke_env(algo, overrides)]
     start = time.monotonic()
     log = run_dir.parent / f"{algo}.log"
     with open(log, "w") as out:
@@ -73,6 +84,8 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     own, overrides = _parse(argv)
+    for algo in own["algos"]:  # a bad key or value: one error line now, before any run starts
+        compose_config([f"algo={algo}", *overrides, *_smoke_env(algo, overrides)])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     suite_dir = Path(own.get("suite_dir") or f"runs/suite-{stamp}")
     ensure_writable_dir(suite_dir, "suite_dir")

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from offpolicy.algos import ALGOS, build_parts
-from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, check_action_space, compose_config
+from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, check_spaces, compose_config
 from offpolicy.engines import describe_failure, make_engine, training_env_copies
 from offpolicy.engines.base import LearnerLost
 from offpolicy.envs import eval_max_steps, make_eval_env, make_train_env, obs_norm_state
@@ -111,7 +111,7 @@ def train(cfg: DictConfig, checkpoint: dict | None = None) -> dict:
     seed = resumed_seed(cfg.seed, progress.env_steps)  # a resumed run plays new episodes, not the first run's again
     env = make_train_env(cfg, checkpoint["obs_norm"] if checkpoint is not None else None, seed=seed,
                          num_envs=training_env_copies(cfg))
-    check_action_space(cfg, env)
+    check_spaces(cfg, env)
     run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{_env_tag(cfg.env.name)}")
     parts = build_parts(cfg, env)
     norm = obs_norm_state(env)

@@ -46,7 +46,16 @@ GAME_KEYS = ("game_over", "game_score", "game_length")  # whole Atari games, in 
 def is_atari(name: str) -> bool:
     """Whether ``name`` is an ALE game in any spelling A3C accepts (``Pong``, ``pong``, ``ALE/Pong-v5``,
     ``PongNoFrameskip-v4``); such names always go through the shared Atari stack, never plain Gymnasium."""
-    return not is_dmc(name) and atari_rom(str(name)) is not None
+    return not is_dmc(name) and not _other_gym_env(str(name)) and atari_rom(str(name)) is not None
+
+
+def _other_gym_env(name: str) -> bool:
+    """Whether ``name`` is a registered Gymnasium id of something other than ALE (``Blackjack-v1`` is Gymnasium's
+    card game, while ``Blackjack`` is the ALE game)."""
+    import gymnasium
+
+    spec = gymnasium.registry.get(name)
+    return spec is not None and "ale_py" not in str(spec.entry_point)
 
 
 def check_atari_name(name: str) -> None:

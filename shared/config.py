@@ -267,3 +267,12 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's own flush does not fail again
         sys.exit(141)  # 128 + SIGPIPE, what a shell reports for a reader that left
     sys.exit(code or 0)
+
+
+def check_kept_on_resume(cfg: DictConfig, saved: DictConfig, keys, why: str) -> None:
+    """A resume keeps each of ``keys`` as the checkpoint's config ``saved`` has it; a ConfigError naming the key and
+    the saved value otherwise (``why``: what was built with it)."""
+    for key in keys:
+        if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} differs from the resumed run's; allowed: "
+                              f"{OmegaConf.select(saved, key)} ({why})")

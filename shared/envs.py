@@ -19,10 +19,32 @@ def check_gym_name(name: str) -> None:
     if is_dmc(name):
         dmc_task(name)
         return
+    examples = "CartPole-v1, Pendulum-v1, HalfCheetah-v5, Hopper-v5, Humanoid-v5, Pong, dmc:cheetah-run"
     if name not in _gym_ids():
-        examples = "CartPole-v1, Pendulum-v1, HalfCheetah-v5, Hopper-v5, Humanoid-v5, Pong, dmc:cheetah-run"
         raise ConfigError(f"env.name={name!r} is not a Gymnasium id or an ALE game; allowed: e.g. {examples} "
                           "(a dm_control task is dmc:<domain>-<task>)")
+    from gymnasium.spaces import Box
+
+    space = _observation_space(name)
+    if not (isinstance(space, Box) and space.shape):
+        raise ConfigError(f"env.name={name!r} observes {space}; allowed: an env with a Box observation (a vector or "
+                          f"an image), e.g. {examples}")
+
+
+@functools.lru_cache(maxsize=None)
+def _observation_space(name: str):
+    """The Gymnasium env's observation space (made once, then closed); a missing optional package is a ConfigError."""
+    import gymnasium
+
+    try:
+        env = gymnasium.make(name, disable_env_checker=True)
+    except gymnasium.error.DependencyNotInstalled as exc:
+        raise ConfigError(f"env.name={name!r} needs a package that is not installed ({str(exc).splitlines()[0]}); "
+                          "allowed: an env whose packages are installed") from None
+    try:
+        return env.observation_space
+    finally:
+        env.close()
 
 
 def _gym_base(name: str, *, render: bool, from_pixels: bool, image_size: int):

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from shared.config import ConfigError
+
 BACKENDS = ("csv", "tensorboard", "wandb")
 LOG_SUBDIR = "logs"
 
@@ -34,6 +36,29 @@ class MetricLogger:
                 f.close()
 
 
+def check_logger_backend(backend: str) -> None:
+    """``logger.backend`` can start here, checked before a run starts (A3C creates its logger in worker 0, where a
+    failure would only show as a dead worker): wandb needs the package and an API key (``wandb login``,
+    ``WANDB_API_KEY``) unless ``WANDB_MODE`` is offline or disabled. A ConfigError otherwise."""
+    if backend != "wandb":
+        return
+    import importlib.util
+    import netrc
+
+    if importlib.util.find_spec("wandb") is None:
+        raise ConfigError("logger.backend=wandb needs the wandb package; allowed: csv, tensorboard, or pip install "
+                          "wandb")
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return
+    try:
+        logged_in = netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        logged_in = False
+    if not logged_in:
+        raise ConfigError("logger.backend=wandb has no API key here; allowed: csv, tensorboard, or wandb after "
+                          "`wandb login` (or WANDB_API_KEY=..., or WANDB_MODE=offline)")
+
+
 def make_logger(backend: str, run_dir: str | Path, *, rank: int = 0, config: dict | None = None) -> MetricLogger:
     """Create the run's logger in the calling process; records which process owns it in ``logs/owner.json``."""
     from torchrl.record.loggers import CSVLogger, TensorboardLogger, WandbLogger
@@ -45,10 +70,14 @@ def make_logger(backend: str, run_dir: str | Path, *, rank: int = 0, config: dic
     if backend == "tensorboard":
         loggers.append(TensorboardLogger(exp_name=LOG_SUBDIR, log_dir=str(run_dir / "tensorboard")))
     elif backend == "wandb":
-        loggers.append(
-            WandbLogger(exp_name=run_dir.name, save_dir=str(run_dir), project="rlstack",
-                        offline=os.environ.get("WANDB_MODE") == "offline", log_env_packages=False)
-        )
+        try:
+            loggers.append(
+                WandbLogger(exp_name=run_dir.name, save_dir=str(run_dir), project="rlstack",
+                            offline=os.environ.get("WANDB_MODE") == "offline", log_env_packages=False)
+            )
+        except Exception as exc:  # wandb's own errors (no key, no network) have no common public base class
+            raise ConfigError(f"logger.backend=wandb cannot start ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}); allowed: csv, tensorboard") from None
     if config is not None:
         for logger in loggers[1:]:
             logger.log_hparams(flat_hparams(config))

@@ -82,7 +82,7 @@ def test_backend_that_cannot_run_is_one_error_line(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["algo=dqn", "env=Pong", "env.backend=envpool"], "env.backend=envpool is not allowed for env.name='Pong'"),
-    (["algo=dqn", "env=Taxi-v4", "env.backend=envpool"], "env.name='Taxi-v4' is not an envpool task"),
+    (["algo=dqn", "env=Taxi-v4", "env.backend=envpool"], "env.name='Taxi-v4' observes Discrete(500)"),
 ])
 def test_envpool_refuses_what_it_cannot_step(args, needle):
     from offpolicy.config import compose_config
@@ -91,3 +91,14 @@ def test_envpool_refuses_what_it_cannot_step(args, needle):
     with pytest.raises(ConfigError) as info:
         compose_config(args)
     assert str(info.value).startswith(needle) and "\n" not in str(info.value)
+
+
+def test_envpool_names_the_tasks_it_lacks():
+    """(Every Box-observation Gymnasium id installed here is an envpool task, so the backend check is called
+    directly: Taxi's discrete observations are refused before it when composing.)"""
+    from shared.backends import check_backend
+    from shared.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^env.name='Taxi-v4' is not an envpool task; allowed with "
+                                          r"env.backend=envpool: Taxi-v3$"):
+        check_backend("envpool", "Taxi-v4")

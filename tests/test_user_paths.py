@@ -1,6 +1,9 @@
 """Every path a user can pass gives one ``error:`` line naming the key and the problem, and exit code 2: checkpoints
-to resume or evaluate that are missing, not files, corrupt, truncated, text or from the other engine, and run,
-scratch and suite directories that cannot be created or written."""
+to resume or evaluate that are missing, not files, corrupt, truncated, text or from the other engine; run, scratch
+and suite directories that cannot be created or written; envs the networks cannot take or whose packages are
+missing; a logger that cannot start; resumes that change what the checkpoint was built for; suite arguments that
+clash with the suite's own; and output piped into a reader that leaves early (exit 141, no traceback). Found by a
+sweep of the entry points with plausible mistakes (2026-12-01)."""
 from __future__ import annotations
 
 import pytest
@@ -15,6 +18,7 @@ OFFPOLICY_CKPT = {"config": {"algo": "dqn"}, "counters": {}, "learner": {}}
 
 def _cli(main, argv, capsys) -> str:
     """Run an entry point as its CLI does; assert exit code 2 and one line; return that line."""
+    capsys.readouterr()  # only this call's output (a run before it may have written to stderr)
     with pytest.raises(SystemExit) as info:
         run_cli(main, argv)
     err = capsys.readouterr().err.strip().splitlines()
@@ -121,7 +125,7 @@ def test_resume_that_changes_the_networks_shape(tmp_path, capsys):
     ckpt = _smoke_run(tmp_path)
     line = _cli(offpolicy_train, [f"resume={ckpt}", "model.hidden=[64]"], capsys)
     assert line == ("error: model.hidden=[64] differs from the resumed run's; allowed: [32, 32] (the checkpoint's "
-                    "networks were built for it)"), line
+                    "networks and loss were built for it)"), line
 
 
 def test_memmap_resume_with_its_files_gone(tmp_path, capsys):
@@ -148,3 +152,115 @@ def test_obs_norm_on_an_atari_game(capsys):
 
     line = _cli(offpolicy_train, ["algo=dqn", "env=Pong", "env.obs_norm=true"], capsys)
     assert line.startswith("error: env.obs_norm=true is not allowed with an ALE game; allowed:"), line
+
+
+@pytest.mark.parametrize("args,message", [
+    (["algo=dqn", "env=FrozenLake-v1"], "error: env.name='FrozenLake-v1' observes Discrete(16); allowed: an env with a "
+                                        "Box observation"),
+    (["algo=dqn", "env=Blackjack-v1"], "error: env.name='Blackjack-v1' observes Tuple("),  # Gymnasium's, not ALE's
+    (["algo=sac", "env=CartPole-v1"], "error: env.name='CartPole-v1' has no bounded continuous actions; allowed for sac"),
+])
+def test_envs_the_networks_cannot_take(args, message, capsys, tmp_path):
+    from offpolicy.plan import main as plan
+    from offpolicy.train import main as offpolicy_train
+
+    assert _cli(offpolicy_train, [*args, "profile=smoke", f"run_dir={tmp_path}"], capsys).startswith(message)
+    assert _cli(plan, [*args, "profile=smoke", "measure=false"], capsys).startswith(message)  # the planner too
+
+
+def test_blackjack_without_a_version_is_the_ale_game():
+    from shared.atari import is_atari
+
+    assert is_atari("Blackjack") and is_atari("ALE/Blackjack-v5") and not is_atari("Blackjack-v1")
+
+
+def test_an_env_whose_package_is_missing(capsys):
+    pytest.importorskip("gymnasium")
+    try:
+        import Box2D  # noqa: F401
+        pytest.skip("Box2D is installed here")
+    except ImportError:
+        pass
+    from offpolicy.train import main as offpolicy_train
+
+    line = _cli(offpolicy_train, ["algo=dqn", "env=LunarLander-v3", "profile=smoke"], capsys)
+    assert line.startswith("error: env.name='LunarLander-v3' needs a package that is not installed (Box2D"), line
+
+
+def test_wandb_without_an_api_key(tmp_path, monkeypatch, capsys):
+    """Checked while composing, in both engines (A3C's logger lives in worker 0, where it would be a dead worker)."""
+    pytest.importorskip("wandb")
+    from a3c.train import main as a3c_train
+    from offpolicy.train import main as offpolicy_train
+    from shared.logging import check_logger_backend
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    for main, args in ((offpolicy_train, ["algo=dqn", "profile=smoke"]), (a3c_train, ["profile=smoke"])):
+        line = _cli(main, [*args, "logger.backend=wandb", f"run_dir={tmp_path / 'run'}"], capsys)
+        assert line.startswith("error: logger.backend=wandb has no API key here; allowed: csv, tensorboard"), line
+    assert not (tmp_path / "run").exists()  # nothing was started or written
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_logger_backend("wandb")  # offline runs need no key
+
+
+def test_offpolicy_resumes_that_change_what_the_checkpoint_was_built_for(tmp_path, capsys):
+    from offpolicy.train import main as offpolicy_train
+
+    ckpt = _smoke_run(tmp_path, "replay.in_checkpoint=true")
+    for change, saved, why in (("env.obs_norm=true", "False", "networks and loss"),
+                               ("loss.value_estimator=tdlambda", "td0", "networks and loss"),
+                               ("replay.prioritized=true", "False", "its saved replay")):
+        line = _cli(offpolicy_train, [f"resume={ckpt}", change], capsys)
+        key, _, value = change.partition("=")
+        assert line.startswith(f"error: {key}={value.capitalize() if value == 'true' else value} differs from the "
+                               f"resumed run's; allowed: {saved} ("), line
+        assert why in line, line
+
+
+def test_a3c_resumes_that_change_the_model_or_optimiser(capsys):
+    from omegaconf import OmegaConf
+
+    from a3c.config import load_config
+    from shared.config import ConfigError
+
+    base = OmegaConf.to_container(load_config(["profile=smoke"]))
+    for change, saved in (("env=Breakout", "Pong"), ("optim.name=adam", "rmsprop"), ("model.arch=nature", "small"),
+                          ("env.grayscale=false", "True")):
+        with pytest.raises(ConfigError) as info:
+            load_config([change], base=base)
+        key = {"env": "env.name"}.get(change.partition("=")[0], change.partition("=")[0])
+        assert str(info.value).startswith(f"{key}=") and f"differs from the resumed run's; allowed: {saved}" in str(
+            info.value), str(info.value)
+    assert load_config(["total_frames=2560"], base=base).total_frames == 2560  # what may change still does
+
+
+@pytest.mark.parametrize("args,message", [
+    (["profile=nope", "algos=dqn"], "error: profile='nope' does not exist"),
+    (["profile=smoke", "algos=dqn", "algo=sac"], "error: 'algo=sac' is not allowed in a suite"),
+    (["profile=smoke", "algos=dqn", "run_dir=x"], "error: 'run_dir=x' is not allowed in a suite"),
+    (["profile=smoke", "algos=dqn", "total_env_steps=abc"], "error: total_env_steps='abc' has the wrong type"),
+])
+def test_suite_arguments_are_checked_before_any_run(args, message, tmp_path, capsys):
+    from offpolicy.suite import main as suite
+
+    assert _cli(suite, [*args, f"suite_dir={tmp_path / 'suite'}"], capsys).startswith(message)
+    assert not (tmp_path / "suite" / "dqn").exists()  # no run started
+
+
+@pytest.mark.parametrize("module", ["offpolicy.train", "a3c.train"])
+def test_help_piped_into_a_reader_that_leaves(module):
+    """``python -m offpolicy.train --help | head -1``: the reader closes the pipe; the CLI ends quietly (141, as a
+    shell reports SIGPIPE), without a traceback."""
+    import subprocess
+    import sys
+
+    from proc import REPO
+
+    proc = subprocess.Popen([sys.executable, "-m", module, "--help"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the help is written
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141 and b"Traceback" not in err, err.decode()[-2000:]
