@@ -23,7 +23,7 @@ from a3c.evaluate import build_model
 from a3c.optim import make_shared_optimizer
 from a3c.stats import SharedStats
 from a3c.supervisor import WorkerFailure, WorkerPool
-from shared.checkpoint import load_checkpoint, resumed_seed, save_checkpoint
+from shared.checkpoint import load_checkpoint, resumed_config, resumed_seed, save_checkpoint
 from shared.config import make_run_dir, parse_overrides, run_cli
 from shared.atari import AtariBatch, AtariSettings
 from shared.plots import plot_curves
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
         return 0
     resume = parse_overrides(argv, ALIASES).get("resume")
     ckpt = load_checkpoint(resume, key="resume", required=CHECKPOINT_KEYS, written_by="a3c.train") if resume else None
-    cfg = load_config(argv, base=ckpt["config"] if ckpt else None)
+    cfg = load_config(argv, base=resumed_config(ckpt["config"], resume) if ckpt else None)
     run_dir = make_run_dir(cfg, f"a3c-{cfg.env.name}")
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers before they import torch
     torch.set_num_threads(1)

@@ -11,7 +11,7 @@ from offpolicy.algos import ALGOS, RENAMED_KEYS, algorithm
 from offpolicy.algos.networks import ACTIVATIONS
 from offpolicy.envs import is_atari
 from offpolicy.replay import replay_scratch_dir
-from shared.checkpoint import load_checkpoint
+from shared.checkpoint import load_checkpoint, resumed_config
 from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, check_kept_on_resume, compose, parse_overrides
 from shared.envs import check_gym_name
 from shared.backends import ENV_BACKENDS, check_backend
@@ -103,7 +103,7 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
     resume = overrides.get("resume")
     checkpoint = (load_checkpoint(resume, key="resume", required=CHECKPOINT_KEYS, written_by="offpolicy.train")
                   if resume not in (None, "", "null") else None)
-    base = _renamed_keys(checkpoint["config"]) if checkpoint is not None else None
+    base = resumed_config(_renamed_keys(checkpoint["config"]), resume) if checkpoint is not None else None
     if base is not None and overrides.get("algo", base["algo"]) != base["algo"]:
         raise ConfigError(f"algo={overrides['algo']!r} differs from the resumed run's; allowed: {base['algo']}")
     cfg = compose(CONFIG_DIR, overrides, groups=GROUPS, rules=RULES, base=base)

@@ -250,7 +250,7 @@ def main(argv: list[str]) -> int:
         return 0
     measure_rates = True
     if any(a.startswith("measure=") for a in argv):
-        value = next(a for a in argv if a.startswith("measure=")).split("=", 1)[1]
+        value = [a for a in argv if a.startswith("measure=")][-1].split("=", 1)[1]  # the last wins, as for keys
         if value not in ("true", "false"):
             raise ConfigError(f"measure={value!r} is not allowed; allowed: true, false")
         measure_rates, argv = value == "true", [a for a in argv if not a.startswith("measure=")]

@@ -67,3 +67,12 @@ def load_checkpoint(path: str | Path, *, key: str = "resume", required: tuple[st
         raise ConfigError(f"{where} is not a checkpoint of {written_by} (it lacks {', '.join(missing)}); allowed: "
                           f"a checkpoint written by {written_by}")
     return state
+
+
+def resumed_config(config: dict, checkpoint_path: str | Path) -> dict:
+    """A checkpoint's config as the base of its resume: the run continues in the run directory the checkpoint lies
+    in (``<run>/checkpoints/last.pt``), so a moved or copied run writes where it is now, not where it was made."""
+    path = Path(checkpoint_path).resolve()
+    if path.parent.name != "checkpoints":
+        return config
+    return {**config, "run_dir": str(path.parent.parent)}

@@ -264,3 +264,31 @@ def test_help_piped_into_a_reader_that_leaves(module):
     proc.stdout.close()  # the reader is gone before the help is written
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 141 and b"Traceback" not in err, err.decode()[-2000:]
+
+
+def test_a_moved_run_resumes_where_it_now_lies(tmp_path):
+    """A run directory moved (or copied) after it was made: its resume writes beside its checkpoint, not into the
+    directory the run was made in."""
+    import json
+    import shutil
+
+    from offpolicy.train import main as offpolicy_train
+
+    ckpt = _smoke_run(tmp_path)
+    moved = tmp_path / "moved"
+    shutil.move(tmp_path / "run", moved)
+    assert offpolicy_train([f"resume={moved / 'checkpoints' / 'last.pt'}", "total_env_steps=400"]) == 0
+    assert not (tmp_path / "run").exists() and ckpt.parent.parent == tmp_path / "run"
+    assert json.loads((moved / "summary.json").read_text())["env_steps"] == 400
+
+
+def test_a3c_resume_config_follows_its_checkpoint(tmp_path):
+    from omegaconf import OmegaConf
+
+    from a3c.config import load_config
+    from shared.checkpoint import resumed_config
+
+    base = OmegaConf.to_container(load_config(["profile=smoke", "run_dir=/somewhere/else"]))
+    ckpt = tmp_path / "copied-run" / "checkpoints" / "last.pt"
+    assert load_config([], base=resumed_config(base, ckpt)).run_dir == str(tmp_path / "copied-run")
+    assert load_config(["run_dir=/x"], base=resumed_config(base, ckpt)).run_dir == "/x"  # an explicit one wins
