@@ -35,10 +35,10 @@ CASES = {
     "td3-pendulum": (["algo=td3", *PENDULUM], -200.0, 20_000),
     "ddpg-pendulum": (["algo=ddpg", *PENDULUM], -200.0, 20_000),
     "crossq-pendulum": (["algo=crossq", *PENDULUM], -200.0, 20_000),
-    # REDQ at its UTD 20 costs ~1 s of learner time per env step here (10 critics): a shorter budget
-    "redq-pendulum": (["algo=redq", "env=Pendulum-v1", "total_env_steps=5000", "collector.env_steps_per_batch=200",
+    # REDQ at its UTD 20 costs ~1 s of learner time per env step on this CPU (10 critics): a 3k-step budget
+    "redq-pendulum": (["algo=redq", "env=Pendulum-v1", "total_env_steps=3000", "collector.env_steps_per_batch=200",
                        "collector.prefill_env_steps=1000", "eval.interval_env_steps=500", "eval.episodes=5",
-                       "eval.max_episode_steps=200"], -200.0, 5_000),
+                       "eval.max_episode_steps=200"], -200.0, 3_000),
     # the DDPG tutorial's data pipeline together: TD(lambda) on 8-step slices, prioritized memmap replay, ObservationNorm
     "ddpg-pendulum-options": (["algo=ddpg", *PENDULUM, "loss.value_estimator=tdlambda", "replay.slice_len=8",
                                "replay.prioritized=true", "replay.storage=memmap", "env.obs_norm=true"], -200.0, 20_000),
