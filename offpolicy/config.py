@@ -13,7 +13,7 @@ from offpolicy.envs import is_atari
 from offpolicy.replay import replay_scratch_dir
 from shared.checkpoint import load_checkpoint, resumed_config
 from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, check_kept_on_resume, compose, parse_overrides
-from shared.envs import check_gym_name
+from shared.envs import check_gym_name, check_renders
 from shared.backends import ENV_BACKENDS, check_backend
 from shared.logging import BACKENDS, check_logger_backend
 
@@ -120,6 +120,8 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, dict | None]:
                               "Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5)")
     else:
         check_gym_name(cfg.env.name)
+        if cfg.eval.video and not cfg.env.name.startswith("dmc:"):
+            check_renders(cfg.env.name)
     check_env_backend(cfg)
     steps = cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch
     if abs(steps - round(steps)) > 1e-6 or round(steps) < 1:

@@ -31,6 +31,23 @@ def check_gym_name(name: str) -> None:
                           f"an image), e.g. {examples}")
 
 
+def check_renders(name: str) -> None:
+    """A ConfigError unless Gymnasium id ``name`` renders frames here (what ``eval.video=true`` records): classic
+    control needs pygame, MuJoCo an offscreen GL."""
+    import gymnasium
+
+    try:
+        env = gymnasium.make(name, render_mode="rgb_array", disable_env_checker=True)
+        try:
+            env.reset(seed=0)
+            env.render()
+        finally:
+            env.close()
+    except gymnasium.error.DependencyNotInstalled as exc:
+        raise ConfigError(f"eval.video=true cannot render env.name={name!r} here ({str(exc).splitlines()[0]}); "
+                          "allowed: eval.video=false, or install what it names") from None
+
+
 @functools.lru_cache(maxsize=None)
 def _observation_space(name: str):
     """The Gymnasium env's observation space (made once, then closed); a missing optional package is a ConfigError."""

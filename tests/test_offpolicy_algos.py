@@ -66,7 +66,7 @@ def test_crossq_has_no_targets_and_batch_renormalised_critics_that_see_both_pair
     cfg, parts, learner, batch = _learner("crossq")
     assert parts.target_updater is None and learner.state_dict()["target_updates"] == 0
     norms = [m for m in parts.loss.qvalue_network.modules() if isinstance(m, BatchRenorm1d)]
-    assert len(norms) == len(cfg.model.hidden)  # one after each hidden layer
+    assert len(norms) == len(cfg.model.hidden) + 1  # on the input and after each hidden layer (as SBX's CrossQ)
     seen = []
     parts.loss.qvalue_network.register_forward_pre_hook(lambda module, args: seen.append(args[0].batch_size[0]))
     running = parts.loss.qvalue_network_params.flatten_keys()

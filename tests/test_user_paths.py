@@ -292,3 +292,16 @@ def test_a3c_resume_config_follows_its_checkpoint(tmp_path):
     ckpt = tmp_path / "copied-run" / "checkpoints" / "last.pt"
     assert load_config([], base=resumed_config(base, ckpt)).run_dir == str(tmp_path / "copied-run")
     assert load_config(["run_dir=/x"], base=resumed_config(base, ckpt)).run_dir == "/x"  # an explicit one wins
+
+
+def test_video_of_an_env_that_cannot_render_here(capsys):
+    """Without pygame, CartPole cannot render: one error line at once instead of every evaluation failing."""
+    try:
+        import pygame  # noqa: F401
+        pytest.skip("pygame is installed here")
+    except ImportError:
+        pass
+    from offpolicy.train import main as offpolicy_train
+
+    line = _cli(offpolicy_train, ["algo=dqn", "env=CartPole-v1", "eval.video=true", "profile=smoke"], capsys)
+    assert line.startswith("error: eval.video=true cannot render env.name='CartPole-v1' here (pygame"), line

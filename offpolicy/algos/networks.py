@@ -58,27 +58,30 @@ def obs_net(cfg: DictConfig, obs_spec, out_features: int) -> nn.Module:
 
 
 class QHead(nn.Module):
-    """``Q(observation, action)``: the observation's features concatenated with the action into an MLP (with
-    ``norm_class`` after each hidden layer, e.g. CrossQ's batch renormalisation)."""
+    """``Q(observation, action)``: the observation's features concatenated with the action into an MLP. With
+    ``norm`` (a constructor of a normalisation layer of a given width, e.g. CrossQ's batch renormalisation), the
+    concatenated input and every hidden layer are normalised, as CrossQ's reference critic (SBX) does."""
 
-    def __init__(self, cfg: DictConfig, obs_spec, action_dim: int, norm_class=None, norm_kwargs=None):
+    def __init__(self, cfg: DictConfig, obs_spec, action_dim: int, norm=None):
         from torchrl.modules import MLP
 
         super().__init__()
         self.features, width = features(obs_spec)
-        # torchrl's MLP concatenates its inputs (features, action)
-        self.head = MLP(in_features=width + action_dim, out_features=1, num_cells=list(hidden(cfg)),
-                        activation_class=activation(cfg), norm_class=norm_class, norm_kwargs=norm_kwargs)
+        cells = list(hidden(cfg))
+        self.input_norm = norm(width + action_dim) if norm is not None else nn.Identity()
+        self.head = MLP(in_features=width + action_dim, out_features=1, num_cells=cells,
+                        activation_class=activation(cfg), norm_class=norm,
+                        norm_kwargs=None if norm is None else [{"num_features": n} for n in cells])
 
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(observation), action)
+        return self.head(self.input_norm(torch.cat([self.features(observation), action], -1)))
 
 
-def qvalue(cfg: DictConfig, obs_spec, action_dim: int, **norm):
+def qvalue(cfg: DictConfig, obs_spec, action_dim: int, norm=None):
     """``(observation, action) -> state_action_value``."""
     from torchrl.modules import ValueOperator
 
-    return ValueOperator(QHead(cfg, obs_spec, action_dim, **norm), in_keys=["observation", "action"])
+    return ValueOperator(QHead(cfg, obs_spec, action_dim, norm), in_keys=["observation", "action"])
 
 
 def continuous_actor(cfg: DictConfig, obs_spec, action_spec) -> TensorDictSequential:
