@@ -301,13 +301,15 @@ def test_a_ray_failure_wrapped_in_another_error_is_still_one_line():
 
 def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
     """A resumed run's collector actors join at the checkpoint's policy version in one call per actor (not one
-    publication per past round), carry it into their next batch, and a publication sends the driver's weights."""
+    publication per past round), carry it into their next batch, and a publication sends the driver's weights; an
+    actor that dies in a publication with no replacement left ends the run at the next collection."""
     import ray
     from tensordict import TensorDict
 
     from offpolicy.algos import build_parts
     from offpolicy.engines.ray import make_replay_buffer, start_ray
-    from offpolicy.engines.ray_collectors import CollectorPool
+    from offpolicy.engines.ray import describe_ray_failure
+    from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted
     from offpolicy.envs import make_train_env
 
     cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "ray.world_size=1",
@@ -334,6 +336,16 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
         for state in pool.call("policy.state_dict"):
             assert state.keys() == local.keys() and all(torch.equal(state[k], local[k]) for k in local)
         assert pool.restarts == 0
+        # a death past the limit during a publication (after the round's learning): the publication completes for
+        # the live actors and the run ends at the next collection, so the loop has counted the round first
+        pool.max_restarts = 0
+        ray.kill(pool.actors[0])
+        assert pool.publish(TensorDict.from_module(parts.collect_policy).data) == 1_000_002
+        with pytest.raises(CollectorsExhausted) as info:
+            pool.round()
+        line = describe_ray_failure(info.value)
+        assert line.startswith("a Ray collector died (") and line.endswith(
+            "; no replacement left (ray.max_collector_restarts=0)"), line
     finally:
         if pool is not None:
             pool.close()

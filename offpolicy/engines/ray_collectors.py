@@ -55,6 +55,7 @@ class CollectorPool:
         self.max_restarts, self.restarts = cfg.ray.max_collector_restarts, 0
         self.timeout = float(cfg.ray.step_timeout_s)
         self.version = 0  # publications so far (the policy version every actor holds)
+        self.failure: CollectorsExhausted | None = None  # a death past the limit in a publication, raised next round
         self.make_env = partial(_collector_env, cfg, obs_norm=obs_norm, seed=seed)
         self.remote = {"num_cpus": cfg.ray.collector_cpus}
         if cfg.ray.collector_gpus:
@@ -82,6 +83,8 @@ class CollectorPool:
         """Every actor collects its share with the published policy and writes it into replay. A dead actor is
         replaced and its share collected again, unless the share reached replay before the actor died: then only its
         episode statistics are lost with it (also when it dies after its batch, before its statistics are read)."""
+        if self.failure is not None:
+            raise self.failure
         expected = self.replay.write_count + self.share * self.count
         results, dead = self._gather([actor.next.remote() for actor in self.actors])
         lost = 0  # shares in replay whose statistics died with their actor
@@ -111,9 +114,16 @@ class CollectorPool:
         import ray
 
         self.version += 1
-        # each actor copies the weights into its policy and counts one version more
-        self.call("update_policy_weights_", ray.put(weights), replacement_answers=False)
-        return min(self.call("get_policy_version"))
+        try:
+            # each actor copies the weights into its policy and counts one version more
+            self.call("update_policy_weights_", ray.put(weights), replacement_answers=False)
+            return min(self.call("get_policy_version"))
+        except CollectorsExhausted as exc:
+            # the learner has stepped in this round already: the run ends at the next collection, once the loop
+            # has counted this round, so the checkpoint's counters match the learner's steps (every live actor
+            # received the weights)
+            self.failure = exc
+            return self.version
 
     def restore(self, weights, version: int) -> None:
         """A resumed run: every actor gets ``weights`` and continues from policy version ``version``."""
