@@ -35,7 +35,7 @@ def build(cfg, env) -> AlgoParts:
         collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
         groups=groups + nets.alpha_group(cfg, loss, cfg.crossq, every=delay), target_updater=None,
         critic_only=nets.critic_only(loss.qvalue_loss, ensemble_td_error=False), td_error_squared=False,
-        exploration_value=lambda: float(loss.log_alpha.detach().exp()),
+        exploration_value=nets.alpha_value(loss),
     )
 
 

@@ -167,6 +167,11 @@ def alpha_group(cfg: DictConfig, loss, section: DictConfig, every: int = 1) -> l
     return [OptimGroup("alpha", adam(cfg, [loss.log_alpha], section.alpha_lr), ("loss_alpha",), every=every)]
 
 
+def alpha_value(loss) -> Callable[[], float]:
+    """The entropy temperature alpha of a SAC-family loss, for the ``train/exploration`` metric."""
+    return lambda: float(loss.log_alpha.detach().exp())
+
+
 def target_entropy(section: DictConfig):
     return "auto" if section.target_entropy == "auto" else float(section.target_entropy)
 

@@ -30,7 +30,7 @@ def build(cfg, env) -> AlgoParts:
         collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
         groups=groups + nets.alpha_group(cfg, loss, cfg.redq, every=actor_every),
         target_updater=nets.target_updater(cfg, loss),
-        exploration_value=lambda: float(loss.log_alpha.detach().exp()),
+        exploration_value=nets.alpha_value(loss),
     )
 
 

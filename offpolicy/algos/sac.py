@@ -22,7 +22,7 @@ def build(cfg, env) -> AlgoParts:
         collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
         groups=groups + nets.alpha_group(cfg, loss, cfg.sac),
         target_updater=nets.target_updater(cfg, loss), td_error_squared=False,
-        exploration_value=lambda: float(loss.log_alpha.detach().exp()),
+        exploration_value=nets.alpha_value(loss),
     )
 
 

@@ -91,10 +91,11 @@ class CollectorPool:
         while dead:  # ends: every death uses one of the ray.max_collector_restarts replacements
             for i in dead:
                 self._replace(i, results[i])
-            missing, leftover = divmod(expected - self._settled_writes(), self.share)
+            short = expected - self._settled_writes()
+            missing, leftover = divmod(short, self.share)
             if leftover or not 0 <= missing <= len(dead):
-                raise InvariantError(f"replay is {expected - self._settled_writes()} transitions short of a round of "
-                                     f"{self.count} collectors x {self.share} with {len(dead)} collector(s) dead")
+                raise InvariantError(f"replay is {short} transitions short of a round of {self.count} collectors x "
+                                     f"{self.share} with {len(dead)} collector(s) dead")
             lost += len(dead) - missing
             again = dead[:missing]
             results, dead_again = self._gather([self.actors[i].next.remote() for i in again])
@@ -103,10 +104,11 @@ class CollectorPool:
         stats, dead = self._gather([actor.cascade_execute.remote("post_collect_hook.drain") for actor in self.actors])
         for i in dead:
             self._replace(i, stats[i])
-            stats[i] = Rollout(env_steps=self.share, version_lo=self.version, version_hi=self.version)
-        # (a live actor held this version all round: each publication is confirmed by every actor)
-        stats += [Rollout(env_steps=self.share, version_lo=self.version, version_hi=self.version)] * lost
-        return Rollout.merge(stats)
+        lost += len(dead)
+        # a share whose statistics died: its count, and the version every live actor held all round (each
+        # publication is confirmed by every actor)
+        share = Rollout(env_steps=self.share, version_lo=self.version, version_hi=self.version)
+        return Rollout.merge([s for s in stats if isinstance(s, Rollout)] + [share] * lost)
 
     def publish(self, weights) -> int:
         """Send ``weights`` (the collection policy's, exploration state included; the driver's ``policy`` holds them
@@ -184,9 +186,11 @@ class CollectorPool:
         kwargs = {**self.ray_collector.collector_kwargs[i], "replay_buffer": self.replay.client(),
                   "post_collect_hook": RolloutStats(), "track_policy_version": SettableVersion()}
         slot = i + self.count * self.restarts  # past every slot used before: no env stream repeats
+        actors = self.actors
         self.ray_collector.add_collectors([partial(self.make_env, slot=slot)], 1, self.policy, [kwargs], [self.remote])
-        self.actors[i] = self.actors.pop()
-        if self.ray_collector.remote_collectors[i] is not self.actors[i]:  # a copy: the replacement would be unused
+        new = actors.pop()
+        actors[i] = new
+        if self.actors[i] is not new:  # torchrl handed out a copy: the replacement would never be asked
             raise RuntimeError("torchrl's RayCollector.remote_collectors is no longer its live list of actors: "
                                "collector replacement needs updating for this torchrl version")
         print(f"ray: collector {i} died; replaced by a new actor on env seed slot {slot} "
