@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from offpolicy.algos import build_parts  # noqa: E402
 from offpolicy.learner import make_learner  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
-from offpolicy.engines.local import make_collector  # noqa: E402
-from offpolicy.envs import for_replay, make_train_env  # noqa: E402
+from offpolicy.builder import Builder  # noqa: E402
+from offpolicy.envs import make_train_env  # noqa: E402
+from offpolicy.rollout import for_replay  # noqa: E402
 from offpolicy.replay import make_replay_buffer  # noqa: E402
 
 BUILDS = ("eager", "channels_last", "compiled")
@@ -53,7 +53,7 @@ def _set_layout(parts, channels_last: bool) -> None:
 def _learner(env, channels_last: bool, compiled: bool):
     cfg, _ = compose_config([*BASE, f"compile.enabled={str(compiled).lower()}"])
     torch.manual_seed(0)
-    parts = build_parts(cfg, env)
+    parts = Builder(cfg).parts(env)
     _set_layout(parts, channels_last)
     return parts, make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(cfg.optim.batch_size,))
 
@@ -92,8 +92,8 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(threads)
     cfg, _ = compose_config(BASE)
     env = make_train_env(cfg)
-    parts0 = build_parts(cfg, env)
-    collector = make_collector(cfg, env, parts0.collect_policy)
+    parts0 = Builder(cfg).parts(env)
+    collector = Builder(cfg).collector(env, parts0.collect_policy)
     replay = make_replay_buffer(cfg)
     try:
         for _, batch in zip(range(2), collector):

@@ -55,11 +55,10 @@ VARIANTS = {
 
 def check_update(out: Path, n: int = 200) -> None:
     """Each algorithm's learner step on the GPU: eager, compiled, compiled + CUDA graphs."""
-    from offpolicy.algos import build_parts
-from offpolicy.learner import make_learner
+    from offpolicy.builder import Builder
     from offpolicy.config import compose_config
-    from offpolicy.engines.local import make_collector
     from offpolicy.envs import make_train_env
+    from offpolicy.learner import make_learner
     from offpolicy.replay import make_replay_buffer
 
     device = torch.device("cuda")
@@ -68,8 +67,8 @@ from offpolicy.learner import make_learner
                 "collector.env_steps_per_batch=1000"]
         cfg, _ = compose_config(base)
         env = make_train_env(cfg)
-        parts = build_parts(cfg, env)
-        collector = make_collector(cfg, env, parts.collect_policy)
+        parts = Builder(cfg).parts(env)
+        collector = Builder(cfg).collector(env, parts.collect_policy)
         replay = make_replay_buffer(cfg)
         replay.extend(next(iter(collector)).reshape(-1))
         collector.shutdown()
@@ -78,7 +77,7 @@ from offpolicy.learner import make_learner
             try:
                 cfg, _ = compose_config([*base, *switches])
                 torch.manual_seed(0)
-                parts = build_parts(cfg, env)
+                parts = Builder(cfg).parts(env)
                 parts.loss.to(device)
                 learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(256,), device=device)
                 start = time.perf_counter()

@@ -44,11 +44,11 @@ import gymnasium  # noqa: E402
 import torch  # noqa: E402
 from torchrl.envs.utils import ExplorationType, set_exploration_type  # noqa: E402
 
-from offpolicy.algos import build_parts  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
-from offpolicy.engines.base import RolloutStats  # noqa: E402
-from offpolicy.engines.local import make_collector  # noqa: E402
-from offpolicy.envs import for_replay, make_train_env  # noqa: E402
+from offpolicy.rollout import RolloutStats  # noqa: E402
+from offpolicy.builder import Builder  # noqa: E402
+from offpolicy.envs import make_train_env  # noqa: E402
+from offpolicy.rollout import for_replay  # noqa: E402
 from offpolicy.replay import make_replay_buffer  # noqa: E402
 from shared import compat  # noqa: E402
 
@@ -105,7 +105,7 @@ def measure(algo: str, n: int) -> dict[str, float]:
     torch.manual_seed(0)
     torch.set_num_threads(1)  # again each case: closing a SerialEnv raises torch's threads by its env count
     env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
+    parts = Builder(cfg).parts(env)
     out = {"raw_env": _us_per_step(_raw_env(CASES[algo], n), n)}
 
     td = env.reset()
@@ -123,12 +123,12 @@ def measure(algo: str, n: int) -> dict[str, float]:
     with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
         out["policy"] = _us_per_step(lambda: parts.collect_policy(obs), n)
 
-    collector = make_collector(cfg, env, parts.collect_policy)  # appends its PolicyVersion transform to env
+    collector = Builder(cfg).collector(env, parts.collect_policy)  # appends its PolicyVersion transform to env
     out["collector"], batch = _per_batch(collector)
     out["overhead"] = out["collector"] - out["torchrl_env"] - out["policy"]
     out["raw_env_fraction"] = out["raw_env"] / out["collector"]
     lean_cfg, _ = compose_config([*overrides, "collector.lean=true"])
-    lean = make_collector(lean_cfg, make_train_env(lean_cfg), parts.collect_policy)
+    lean = Builder(lean_cfg).collector(make_train_env(lean_cfg), parts.collect_policy)
     out["lean_collector"], _ = _per_batch(lean)
     lean.shutdown()
     out["lean_overhead"] = out["lean_collector"] - out["raw_env"] - out["policy"]

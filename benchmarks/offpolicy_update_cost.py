@@ -22,10 +22,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from offpolicy.algos import networks  # noqa: E402
-from offpolicy.algos import build_parts  # noqa: E402
 from offpolicy.learner import make_learner  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
-from offpolicy.engines.local import make_collector  # noqa: E402
+from offpolicy.builder import Builder  # noqa: E402
 from offpolicy.envs import make_train_env  # noqa: E402
 from offpolicy.replay import make_replay_buffer  # noqa: E402
 
@@ -67,8 +66,8 @@ def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
     torch.set_num_threads(threads)
     networks.DEACTIVATE_VMAP = deactivate_vmap
     env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
-    collector = make_collector(cfg, env, parts.collect_policy)
+    parts = Builder(cfg).parts(env)
+    collector = Builder(cfg).collector(env, parts.collect_policy)
     replay = make_replay_buffer(cfg)
     try:
         t0 = time.process_time()
@@ -107,7 +106,7 @@ def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
         if compiled:
             compiled_cfg, _ = compose_config([*overrides, "compile.enabled=true"])
             torch.manual_seed(0)
-            fast = make_learner(compiled_cfg, build_parts(compiled_cfg, env), env.action_spec_unbatched,
+            fast = make_learner(compiled_cfg, Builder(compiled_cfg).parts(env), env.action_spec_unbatched,
                                 sample_shape=(batch_size,))
             t0 = time.perf_counter()
             fast.update(replay, fast.warmup_steps, version=1)

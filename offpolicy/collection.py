@@ -22,14 +22,14 @@ import torch
 from omegaconf import DictConfig
 from tensordict import TensorDict
 
-from offpolicy.envs import is_atari
+from shared.atari import is_atari
 
 
 def lean_collection(cfg: DictConfig) -> bool:
     """Whether the local engine collects with :class:`LeanCollector`: ``collector.lean`` and a Gymnasium state-vector
     env stepped in this process (Ray's collector actors run torchrl's Collector)."""
-    return bool(cfg.collector.lean and cfg.engine == "local" and cfg.env.backend == "gymnasium" and not is_atari(cfg)
-                and not cfg.env.from_pixels and not cfg.env.name.startswith("dmc:")
+    return bool(cfg.collector.lean and cfg.engine == "local" and cfg.env.backend == "gymnasium"
+                and not is_atari(cfg.env.name) and not cfg.env.from_pixels and not cfg.env.name.startswith("dmc:")
                 and (cfg.env.num_envs == 1 or cfg.env.vector == "serial"))
 
 

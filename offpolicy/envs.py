@@ -6,21 +6,15 @@ from functools import partial
 
 from omegaconf import DictConfig
 
-from shared import atari
-from shared.atari import AtariSettings
+from shared.atari import AtariSettings, is_atari
 from shared.envs import make_env
-
-
-def is_atari(cfg: DictConfig) -> bool:
-    """Whether the run's env is an ALE game (any spelling: ``Pong``, ``ALE/Pong-v5``, ``PongNoFrameskip-v4``)."""
-    return atari.is_atari(cfg.env.name)
 
 
 def eval_max_steps(cfg: DictConfig) -> int:
     """Agent steps an evaluation episode may take: Atari plays whole games (to game over, or ALE's cap of
     ``max_episode_frames`` emulator frames, which ends the game itself); other envs ``eval.max_episode_steps``."""
-    if is_atari(cfg):
-        settings = _atari_settings(cfg)
+    if is_atari(cfg.env.name):
+        settings = _atari_settings(cfg.env)
         return settings.max_episode_frames // settings.frame_skip + 1
     return cfg.eval.max_episode_steps
 
@@ -43,12 +37,13 @@ def eval_seed(seed: int) -> int:
 EVAL_STREAM = 1  # SeedSequence key of the evaluation stream
 
 
-def _atari_settings(cfg: DictConfig) -> AtariSettings:
-    return AtariSettings.from_config({"name": cfg.env.name, **cfg.env.atari})
+def _atari_settings(env: DictConfig) -> AtariSettings:
+    """The ``env`` section's ALE settings (used only when ``env.name`` is an ALE game)."""
+    return AtariSettings.from_config({"name": env.name, **env.atari})
 
 
-def _pixels(cfg: DictConfig) -> dict:
-    return {"from_pixels": cfg.env.from_pixels, "image_size": cfg.env.image_size}
+def _pixels(env: DictConfig) -> dict:
+    return {"from_pixels": env.from_pixels, "image_size": env.image_size}
 
 
 def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: int | None = None,
@@ -68,11 +63,12 @@ def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: in
     if cfg.env.backend != "gymnasium":  # one batched simulator steps all n copies
         base = TransformedEnv(make_batched_env(cfg.env.backend, cfg.env.name, n, seed),
                               Compose(DoubleToFloat(), RewardSum()))  # as make_env does for Gymnasium ids
-    elif is_atari(cfg) or n == 1:  # AtariVectorEnv batches its games itself
-        base = make_env(cfg.env.name, seed=seed, num_envs=n, atari=_atari_settings(cfg), train=True, **_pixels(cfg))
+    elif is_atari(cfg.env.name) or n == 1:  # AtariVectorEnv batches its games itself
+        base = make_env(cfg.env.name, seed=seed, num_envs=n, atari=_atari_settings(cfg.env), train=True,
+                        **_pixels(cfg.env))
     else:
         batched = ParallelEnv if cfg.env.vector == "process" else SerialEnv
-        base = batched(n, partial(make_env, cfg.env.name, seed=seed, train=True, **_pixels(cfg)))
+        base = batched(n, partial(make_env, cfg.env.name, seed=seed, train=True, **_pixels(cfg.env)))
         base.set_seed(seed)  # copy i gets seed + i
     # StepCounter: episode lengths for train/episode_length; InitTracker: Ornstein-Uhlenbeck noise resets on is_init
     env = base if isinstance(base, TransformedEnv) else TransformedEnv(base)  # nesting TransformedEnvs warns
@@ -98,8 +94,8 @@ def obs_norm_state(env) -> dict | None:
 def make_eval_env(cfg: DictConfig, *, render: bool = False, obs_norm: dict | None = None):
     """The evaluation env: one copy, seeded apart from training; Atari plays whole games with raw scores.
     ``obs_norm`` (from :func:`obs_norm_state`) standardises observations as in training."""
-    env = make_env(cfg.env.name, seed=eval_seed(cfg.seed), num_envs=1, render=render, atari=_atari_settings(cfg),
-                   train=False, **_pixels(cfg))
+    env = make_env(cfg.env.name, seed=eval_seed(cfg.seed), num_envs=1, render=render, atari=_atari_settings(cfg.env),
+                   train=False, **_pixels(cfg.env))
     if obs_norm is not None:
         env.append_transform(_obs_norm(obs_norm))
     return env
@@ -113,23 +109,3 @@ def _obs_norm(state: dict | None):
         return ObservationNorm(in_keys=["observation"], standard_normal=True)
     return ObservationNorm(loc=state["loc"].clone(), scale=state["scale"].clone(), in_keys=["observation"],
                            standard_normal=True)
-
-
-def for_replay(rollout):
-    """A collected rollout as replay stores it: ``[num_envs, T] -> [num_envs * T]`` single transitions; on Atari a
-    lost life ends the training episode there (``terminated``: no bootstrap, DeepMind's episodic life) while the
-    game itself goes on, and each transition's action is the one the game ran (FIRE after a lost life). Runs in this process (local) or in each Ray collector actor."""
-    batch = rollout.reshape(-1)
-    executed = batch.get(("next", "executed_action"), None)
-    if executed is not None:  # Atari: FIRE ran after a lost life whatever the policy chose (shared/atari.py)
-        import torch
-
-        action = batch.get("action")
-        ran = torch.nn.functional.one_hot(executed.reshape(-1).long(), action.shape[-1])
-        batch.set("action", ran.to(action.dtype))
-    lost = batch.get(("next", "life_lost"), None)
-    if lost is not None:
-        for key in ("terminated", "done"):
-            ended = batch.get(("next", key))
-            batch.set(("next", key), ended | lost.reshape(ended.shape))
-    return batch

@@ -24,7 +24,8 @@ class RoundInvariants:
     - replay received every collected transition (write count against the collectors' counts);
     - every transition of round ``k`` was collected with policy version ``k``;
     - the learner ran exactly the optimiser steps the loop asked for;
-    - after publishing, the collectors hold version ``k + 1``.
+    - after publishing, the collectors hold version ``k + 1``;
+    - the learner's metrics, the collected rewards and the finished episodes' returns are finite numbers.
 
     The sampled-batch invariants are checked by the learner (learner.py), where the samples are.
     """
@@ -49,6 +50,9 @@ class RoundInvariants:
         if report.published != report.index + 1:
             raise InvariantError(f"collector policy_version {report.published} after {report.index + 1} "
                                  "publications")
+        rollout = report.rollout
+        check_finite({**report.learned, "collector/reward_sum": rollout.reward_sum,
+                      **{f"train/return[{i}]": r for i, r in enumerate(rollout.returns)}})
 
 
 def check_sample_batch(sample, *, shape: tuple[int, ...]) -> None:
@@ -62,7 +66,7 @@ def check_sample_batch(sample, *, shape: tuple[int, ...]) -> None:
 
 
 def check_finite(metrics: dict[str, float]) -> None:
-    """Every logged metric is a finite number."""
+    """Every value of ``metrics`` is a finite number."""
     bad = {k: v for k, v in metrics.items() if not math.isfinite(float(v))}
     if bad:
         raise InvariantError(f"non-finite metrics: {bad}")

@@ -249,11 +249,6 @@ class Learner:
             self.target_updater.updates = int(state["target_updates"])
 
 
-def compile_options(cfg) -> CompileOptions:
-    """The ``compile`` section as the learner's options."""
-    return CompileOptions(enabled=cfg.compile.enabled, mode=cfg.compile.mode, cudagraphs=cfg.compile.cudagraphs)
-
-
 def make_learner(cfg, parts, action_spec, *, sample_shape: tuple[int, ...], grad_sync=None, chunk: int = SAMPLE_CHUNK,
                  device: torch.device | None = None) -> Learner:
     """The learner over an algorithm's parts (offpolicy/algos/): uniform replay is sampled ``chunk`` batches per call
@@ -263,4 +258,6 @@ def make_learner(cfg, parts, action_spec, *, sample_shape: tuple[int, ...], grad
                    prioritized=cfg.replay.prioritized, td_error_squared=parts.td_error_squared,
                    chunk=1 if cfg.replay.prioritized or cfg.replay.slice_len else chunk,
                    check_every=cfg.invariants.check_every, action_bounds=parts.action_bounds(action_spec),
-                   grad_sync=grad_sync, device=device, compile=compile_options(cfg))
+                   grad_sync=grad_sync, device=device,
+                   compile=CompileOptions(enabled=cfg.compile.enabled, mode=cfg.compile.mode,
+                                          cudagraphs=cfg.compile.cudagraphs))

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import time
 
-from offpolicy.replay import optim_steps_per_batch
 from offpolicy.report import RoundReport
 
 
-def train_loop(cfg, engine, parts, run) -> None:
-    """Collect, write, learn, publish, check, log, evaluate and checkpoint until ``cfg.total_env_steps`` transitions
-    were collected or a stop was requested (Ctrl-C). ``run`` holds the counters and the services around the loop
-    (offpolicy/train.py): invariants, metrics, evaluator, checkpointer."""
-    steps_per_batch = optim_steps_per_batch(cfg)
-    progress = run.progress
+def train_loop(run) -> None:
+    """Collect, write, learn, publish, check, log, evaluate and checkpoint until ``total_env_steps`` transitions were
+    collected or a stop was requested (Ctrl-C). ``run`` (offpolicy/run.py) holds the config, the engine, the
+    algorithm's parts, the counters and the services around the loop: invariants, metrics, evaluator, checkpoints."""
+    cfg, engine, parts, progress = run.cfg, run.engine, run.parts, run.progress
     while progress.env_steps < cfg.total_env_steps and not run.stop_requested:
         start = time.perf_counter()
         # 1. one batch from the stochastic collection policy, flattened into replay
@@ -22,7 +20,7 @@ def train_loop(cfg, engine, parts, run) -> None:
             parts.exploration.step(rollout.env_steps)  # anneal epsilon / noise by the env steps collected
         collected = time.perf_counter()
         # 2. UTD x env steps optimiser steps (each with its target update), once replay holds the prefill
-        asked = steps_per_batch if engine.replay_size() >= cfg.collector.prefill_env_steps else 0
+        asked = run.steps_per_batch if engine.replay_size() >= cfg.collector.prefill_env_steps else 0
         learned, optim_steps = engine.update(asked, version=progress.batches, stop=lambda: run.stop_now)
         if run.stop_now:  # a second Ctrl-C ended the round's updates early: the round records what ran
             asked = optim_steps - progress.optim_steps
@@ -32,7 +30,7 @@ def train_loop(cfg, engine, parts, run) -> None:
                              replay_size=engine.replay_size(), steps_asked=asked,
                              steps_done=optim_steps - progress.optim_steps, learned=learned, published=published,
                              collect_s=collected - start, learn_s=time.perf_counter() - collected)
-        # 4. invariants, counters, metrics
+        # 4. invariants (finite losses and returns too), counters, metrics
         run.invariants.check(report)
         progress.advance(report)
         run.metrics.log(report, progress)

@@ -1,13 +1,12 @@
 """Namespaced metrics from the per-round report: ``train/`` ``loss/`` ``collector/`` ``replay/`` ``time/`` (``eval/``
-comes from the evaluator). Every value passes the finite-metric invariant before it is logged."""
+comes from the evaluator). What they are computed from passed the round's invariants (offpolicy/invariants.py:
+finite losses, rewards and returns) before they are logged."""
 from __future__ import annotations
 
 import threading
 import time
 
 import torch
-
-from offpolicy.invariants import check_finite
 
 
 class SharedLogger:
@@ -18,7 +17,6 @@ class SharedLogger:
         self._lock = threading.Lock()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        check_finite(metrics)
         with self._lock:
             self._logger.log(metrics, step)
 

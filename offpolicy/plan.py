@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import psutil
 from omegaconf import DictConfig
 
-from offpolicy.algos import ALGOS
-from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, check_spaces, compose_config
-from offpolicy.envs import eval_max_steps, make_train_env
-from offpolicy.replay import optim_steps_per_batch
+from offpolicy.algos import ALGOS, algorithm
+from offpolicy.builder import Builder
+from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
+from offpolicy.engines import engine_class
+from offpolicy.envs import eval_max_steps
+from offpolicy.run import optim_steps_per_batch
 from shared.config import ConfigError, help_text, run_cli
 
 USAGE = f"usage: python -m offpolicy.plan [algo={'|'.join(ALGOS)}] profile=NAME [key=value ...]"
@@ -38,9 +40,9 @@ def transition_bytes(cfg: DictConfig) -> int:
                                                  cfg.env.atari.image_size)
 
     one = OmegaConf.merge(cfg, {"env": {"num_envs": 1, "obs_norm": False}})
-    env = make_train_env(one)
+    env = Builder(one).train_env()
     try:
-        check_spaces(cfg, env)  # what offpolicy.train checks before it trains
+        algorithm(cfg.algo).check_actions(cfg.env.name, env.action_spec_unbatched)  # as offpolicy.train does
         step = env.rollout(1)[0]
     finally:
         env.close()
@@ -81,11 +83,8 @@ def make_plan(cfg: DictConfig) -> dict:
         "final_eval_episodes": cfg.eval.final_episodes, "backend": cfg.env.backend, "threads": cfg.threads,
         "collector_cpus": cfg.ray.collector_cpus if ray else cfg.threads,
         "collector_gpus": cfg.ray.collector_gpus if ray else 0, "learner_gpus": cfg.ray.learner_gpus if ray else 0,
+        "resources": engine_class(cfg.engine).resources(cfg),
     }
-    if ray:
-        from offpolicy.engines.ray import ray_resources
-
-        plan["resources"] = ray_resources(cfg)
     return plan
 
 
@@ -238,7 +237,7 @@ def describe(plan: dict) -> list[str]:
         f"evaluation: {p['evaluations']:,} times x {p['eval_episodes']} episodes of <= "
         f"{p['eval_max_episode_steps']:,} steps",
     ]
-    if "resources" in p:
+    if p["engine"] == "ray":
         lines.append(f"Ray resources: {p['resources']['CPU']:g} CPUs, {p['resources']['GPU']:g} GPUs")
     return lines
 

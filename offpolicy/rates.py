@@ -60,13 +60,13 @@ def _with(cfg: DictConfig, **changes) -> DictConfig:
 
 def env_step_table(cfg: DictConfig, backends: tuple[str, ...], batches=ENV_BATCHES) -> dict[str, dict[int, float]]:
     """Seconds per batched random-action step of the training env, per backend and batch size."""
-    from offpolicy.envs import make_train_env
+    from offpolicy.builder import Builder
 
     table: dict[str, dict[int, float]] = {}
     for backend in backends:
         table[backend] = {}
         for n in batches:
-            env = make_train_env(_with(cfg, **{"env.backend": backend, "env.num_envs": n, "env.obs_norm": False}))
+            env = Builder(_with(cfg, **{"env.backend": backend, "env.num_envs": n, "env.obs_norm": False})).train_env()
             try:
                 state = {"td": env.reset()}
 
@@ -86,12 +86,11 @@ def matmul_flops() -> float:
 
 def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
     """Measure the run's rates (``cfg`` validated); ``backends`` also get the env-step table."""
-    from offpolicy.algos import build_parts
-    from offpolicy.learner import SAMPLE_CHUNK, make_learner
-    from offpolicy.engines.local import make_collector
-    from offpolicy.envs import for_replay, make_eval_env, make_train_env
-    from offpolicy.replay import make_replay_buffer, sample_shape
     from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+    from offpolicy.builder import Builder
+    from offpolicy.learner import SAMPLE_CHUNK
+    from offpolicy.rollout import for_replay
 
     torch.set_num_threads(cfg.threads)
     rates = Rates(threads=cfg.threads, cores=os.cpu_count() or 1, matmul_flops=matmul_flops())
@@ -106,9 +105,10 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
                         "replay.size": max(2 * per_rank, 2 * write_size, t * n),
                         "collector.env_steps_per_batch": t * n})
     start = time.perf_counter()
-    env = make_train_env(run)
-    parts = build_parts(run, env)
-    collector = make_collector(run, env, parts.collect_policy)
+    builder = Builder(run)  # the parts a run builds, at the measured sizes
+    env = builder.train_env()
+    parts = builder.parts(env)
+    collector = builder.collector(env, parts.collect_policy)
     batches = iter(collector)
     first = next(batches)
     rates.setup_s = time.perf_counter() - start
@@ -118,13 +118,13 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
         obs = first.reshape(-1)[:n].exclude("next", "action")  # any n observations: the cost is the batch size's
         with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
             rates.policy_forward_s = _timed(lambda: parts.collect_policy(obs.clone()))
-        replay = make_replay_buffer(run)
+        replay = builder.replay()
         transitions = for_replay(first)
         transitions = torch.cat([transitions] * math.ceil(write_size / transitions.numel()))[:write_size]
         rates.replay_write_s = _timed(lambda: replay.extend(transitions)) / write_size  # one round's write
         while len(replay) < per_rank:
             replay.extend(transitions)
-        learner = make_learner(run, parts, env.action_spec_unbatched, sample_shape=sample_shape(run))
+        learner = builder.learner(parts, env.action_spec_unbatched)
         version = 1 << 30  # any stored policy version is older
         rates.update_batch = per_rank
         rates.param_bytes = sum(p.numel() * p.element_size() for opt in parts.optimizers.values()
@@ -133,7 +133,7 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
         rates.update_s = _timed(lambda: learner.update(replay, k, version), min_reps=3) / k
     finally:
         collector.shutdown()
-    eval_env = make_eval_env(run)
+    eval_env = builder.eval_env()
     try:
         td = {"td": eval_env.reset()}
 

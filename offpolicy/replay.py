@@ -146,13 +146,9 @@ def restore_replay(cfg: DictConfig, replay, state: dict, run_dir: Path) -> None:
         replay.load_state_dict(state)
 
 
-def sample_shape(cfg: DictConfig) -> tuple[int, ...]:
-    """Shape of a sampled optimisation batch: ``[batch_size]``, or ``[batch_size / slice_len, slice_len]``."""
+def sample_shape(cfg: DictConfig, world_size: int = 1) -> tuple[int, ...]:
+    """Shape of the batch one of ``world_size`` learner ranks samples: ``[batch_size / world_size]``, or
+    ``[batch_size / slice_len, slice_len]`` (slices are local-engine only)."""
     if cfg.replay.slice_len:
         return (cfg.optim.batch_size // cfg.replay.slice_len, cfg.replay.slice_len)
-    return (cfg.optim.batch_size,)
-
-
-def optim_steps_per_batch(cfg: DictConfig) -> int:
-    """Optimiser steps after each collected batch: ``utd_ratio * env_steps_per_batch``."""
-    return round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)
+    return (cfg.optim.batch_size // world_size,)

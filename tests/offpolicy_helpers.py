@@ -33,17 +33,16 @@ def smoke_parts(algo: str, *overrides: str):
     collected batch, flattened: returns ``(cfg, env, parts, batch)`` (``env`` gives specs; its collector is shut)."""
     import torch
 
-    from offpolicy.algos import build_parts
     from offpolicy.config import compose_config
-    from offpolicy.engines.local import make_collector
+    from offpolicy.builder import Builder
     from offpolicy.envs import make_train_env
 
     env_name = "CartPole-v1" if algo == "dqn" else "Pendulum-v1"
     cfg, _ = compose_config([f"algo={algo}", f"env={env_name}", "profile=smoke", *overrides])
     torch.manual_seed(0)
     env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
-    collector = make_collector(cfg, env, parts.collect_policy)
+    parts = Builder(cfg).parts(env)
+    collector = Builder(cfg).collector(env, parts.collect_policy)
     try:
         batch = next(iter(collector)).reshape(-1)
     finally:

@@ -133,7 +133,7 @@ def test_pseudo_vmap_without_pytree_edits_gives_torchrl_s_losses(algo, monkeypat
     from torch.utils._pytree import SUPPORTED_NODES
     from torchrl.objectives import utils
 
-    from offpolicy import algos
+    from offpolicy.builder import Builder
     from offpolicy.config import compose_config
     from offpolicy.envs import make_train_env
 
@@ -149,7 +149,7 @@ def test_pseudo_vmap_without_pytree_edits_gives_torchrl_s_losses(algo, monkeypat
         monkeypatch.setattr(utils, "_pseudo_vmap", implementation)
         monkeypatch.setattr(compat, "pseudo_vmap_without_pytree_edits", lambda: None)
         torch.manual_seed(0)
-        parts = algos.build_parts(cfg, env)
+        parts = Builder(cfg).parts(env)
         seen = []
         parts.loss.qvalue_network.register_forward_pre_hook(lambda *_: seen.append(TensorDict in SUPPORTED_NODES))
         torch.manual_seed(1)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from offpolicy.algos import ALGORITHMS, ALGOS, algorithm, build_parts
+from offpolicy.algos import ALGORITHMS, ALGOS, algorithm
+from offpolicy.builder import Builder
 from offpolicy.config import CONFIG_DIR, compose_config
 from offpolicy.envs import make_train_env
 from offpolicy.learner import make_learner
@@ -32,7 +33,7 @@ def test_every_algorithm_declares_its_name_yaml_rules_and_smoke_env(name):
     for key in (*algo.added_keys, *algo.shape_keys, *algo.renamed_keys.values()):
         assert OmegaConf.select(cfg, key) is not None, key
     env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
+    parts = Builder(cfg).parts(env)
     assert parts.discrete == algo.discrete
     assert {g.name for g in parts.groups} >= ({"q"} if algo.discrete else {"actor", "critic"})
 
@@ -54,7 +55,7 @@ def _learner(name: str, *overrides: str):
     cfg, _ = compose_config([f"algo={name}", "env=Pendulum-v1", "profile=smoke", *overrides])
     env = make_train_env(cfg)
     torch.manual_seed(0)
-    parts = build_parts(cfg, env)
+    parts = Builder(cfg).parts(env)
     learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(cfg.optim.batch_size,))
     batch = env.rollout(200).reshape(-1)[: cfg.optim.batch_size]
     return cfg, parts, learner, batch

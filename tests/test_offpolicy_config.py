@@ -65,7 +65,7 @@ def test_pre_0_2_frame_names_still_compose(tmp_path):
     """The off-policy keys that said "frames" for env steps keep working, on the CLI and in an older checkpoint."""
     from omegaconf import OmegaConf
 
-    from offpolicy.report import Progress
+    from offpolicy.run import Progress
     from shared.checkpoint import save_checkpoint
 
     cfg, _ = compose_config(["total_frames=3000", "collector.frames_per_batch=500", "collector.prefill_frames=700",

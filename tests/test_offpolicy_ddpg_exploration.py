@@ -8,8 +8,8 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from offpolicy.algos import build_parts
 from offpolicy.config import compose_config
+from offpolicy.builder import Builder
 from offpolicy.engines.local import LocalEngine
 from offpolicy.envs import make_train_env
 
@@ -19,8 +19,8 @@ def _build(tmp_path, *overrides):
                              *overrides])
     torch.manual_seed(0)
     env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
-    engine = LocalEngine(cfg, env, parts, tmp_path, cfg.seed)
+    parts = Builder(cfg).parts(env)
+    engine = LocalEngine(Builder(cfg), env, parts, tmp_path, cfg.seed)
     return cfg, parts, engine.collector, engine
 
 
@@ -79,7 +79,7 @@ def test_ornstein_uhlenbeck_noise_follows_its_process():
                              "ddpg.sigma_end=0.05"])
     torch.manual_seed(0)
     env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
+    parts = Builder(cfg).parts(env)
     env.close()
     ou, steps, n = parts.exploration, 600, 2000
     theta, dt, sigma = 0.15, 1e-2, 0.05  # torchrl's theta and dt; half of HalfCheetah's range is 1

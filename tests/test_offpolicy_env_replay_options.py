@@ -8,7 +8,7 @@ import torch
 from offpolicy_helpers import summary, train_inprocess
 
 from offpolicy import envs
-from offpolicy.engines.local import make_collector
+from offpolicy.builder import Builder
 from offpolicy.config import compose_config
 from shared.checkpoint import load_checkpoint
 
@@ -91,10 +91,9 @@ def test_memmap_replay_is_on_disk_reopened_on_resume_and_rerun(tmp_path):
 def test_parallel_envs_collect_num_envs_trajectories(vector):
     cfg = _cfg("env.num_envs=2", f"env.vector={vector}", "collector.env_steps_per_batch=100")
     env = envs.make_train_env(cfg)
-    from offpolicy.algos import build_parts
 
-    parts = build_parts(cfg, env)
-    collector = make_collector(cfg, env, parts.collect_policy)
+    parts = Builder(cfg).parts(env)
+    collector = Builder(cfg).collector(env, parts.collect_policy)
     try:
         batch = next(iter(collector))
     finally:
@@ -113,7 +112,6 @@ def test_smoke_run_with_parallel_envs(tmp_path):
 
 
 def test_pixel_observations_train_through_a_conv_encoder(tmp_path):
-    from offpolicy.algos import build_parts
     from shared.models import PixelEncoder
 
     cfg = _cfg("env=HalfCheetah-v5", "env.from_pixels=true")
@@ -121,7 +119,7 @@ def test_pixel_observations_train_through_a_conv_encoder(tmp_path):
     try:
         spec = env.observation_spec_unbatched["observation"]
         assert spec.dtype == torch.uint8 and tuple(spec.shape) == (3, 64, 64)
-        parts = build_parts(cfg, env)
+        parts = Builder(cfg).parts(env)
         assert any(isinstance(m, PixelEncoder) for m in parts.loss.actor_network.modules())
         assert any(isinstance(m, PixelEncoder) for m in parts.loss.qvalue_network.modules())
     finally:

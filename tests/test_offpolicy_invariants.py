@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from offpolicy_helpers import train_inprocess
 
-from offpolicy import envs, train
-from offpolicy.engines import local
-from offpolicy.engines.base import Rollout
+from offpolicy import train
+from offpolicy.builder import Builder
 from offpolicy.invariants import InvariantError, check_finite
+from offpolicy.rollout import Rollout
 
 ARGS = ("algo=dqn", "profile=smoke", "eval.interval_env_steps=0", "eval.final_episodes=0")
 
@@ -21,14 +21,14 @@ def _run(tmp_path, *extra):
 
 
 def _patch_buffer(monkeypatch, method, wrap):
-    real = local.make_replay_buffer
+    real = Builder.replay
 
-    def make(cfg, run_dir=None):
-        rb = real(cfg, run_dir)
+    def make(builder, run_dir=None):
+        rb = real(builder, run_dir)
         setattr(rb, method, wrap(getattr(rb, method)))
         return rb
 
-    monkeypatch.setattr(local, "make_replay_buffer", make)
+    monkeypatch.setattr(Builder, "replay", make)
 
 
 def test_unbroken_run_passes(tmp_path):
@@ -59,14 +59,14 @@ def test_missing_sample_key_stops_the_run(tmp_path, monkeypatch):
 
 
 def test_unpublished_weights_stop_the_run(tmp_path, monkeypatch):
-    real = local.make_collector
+    real = Builder.collector
 
-    def make(cfg, env, policy, seed=None):
-        collector = real(cfg, env, policy, seed)
+    def make(builder, env, policy, seed=None):
+        collector = real(builder, env, policy, seed)
         collector.update_policy_weights_ = lambda *a, **k: None  # weights never reach the collector
         return collector
 
-    monkeypatch.setattr(local, "make_collector", make)
+    monkeypatch.setattr(Builder, "collector", make)
     s = _run(tmp_path)
     assert s["status"] == "invariant_broken"
     assert s["error"] == "collector policy_version 0 after 1 publications" and s["batches"] == 0
@@ -89,14 +89,14 @@ def test_future_policy_version_in_a_sample_stops_the_run(tmp_path, monkeypatch):
 def test_non_finite_metric_stops_the_run(tmp_path, monkeypatch):
     from torchrl.envs import RewardScaling
 
-    real = envs.make_train_env
+    real = Builder.train_env
 
-    def make(cfg, obs_norm_state=None, **kwargs):
-        env = real(cfg, obs_norm_state, **kwargs)
+    def make(builder, obs_norm=None, **kwargs):
+        env = real(builder, obs_norm, **kwargs)
         env.append_transform(RewardScaling(loc=0.0, scale=float("nan")))  # every reward becomes NaN
         return env
 
-    monkeypatch.setattr(train, "make_train_env", make)
+    monkeypatch.setattr(Builder, "train_env", make)
     s = _run(tmp_path, "collector.lean=false")  # torchrl's Collector steps the patched env
     assert s["status"] == "invariant_broken" and "non-finite metrics" in s["error"]
 

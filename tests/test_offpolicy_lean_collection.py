@@ -8,11 +8,10 @@ import gymnasium as gym
 import pytest
 import torch
 
-from offpolicy.algos import build_parts
+from offpolicy.builder import Builder
 from offpolicy.collection import LeanCollector, lean_collection
 from offpolicy.config import compose_config
-from offpolicy.engines import training_env_copies
-from offpolicy.engines.local import make_collector
+from offpolicy.engines import engine_class
 from offpolicy.envs import make_train_env
 
 ENGINE_KEYS = ["observation", "action", "is_init", "step_count", ("collector", "traj_ids"), ("next", "observation"),
@@ -25,8 +24,8 @@ def _batch(algo, env_name, *overrides, seed=3):
                              f"seed={seed}", *overrides])
     torch.manual_seed(0)
     env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
-    collector = make_collector(cfg, env, parts.collect_policy)
+    parts = Builder(cfg).parts(env)
+    collector = Builder(cfg).collector(env, parts.collect_policy)
     try:
         return cfg, collector, next(iter(collector)), next(iter(collector))
     finally:
@@ -107,5 +106,6 @@ def test_where_the_lean_collector_applies():
     assert not lean_collection(cfg("env.backend=envpool"))
     assert not lean_collection(cfg("engine=ray"))
     # the training process builds one torchrl copy (specs, observation statistics) unless torchrl's Collector steps all
-    assert training_env_copies(cfg("env.num_envs=4")) == 1
-    assert training_env_copies(cfg("env.num_envs=4", "collector.lean=false")) == 4
+    local = engine_class("local")
+    assert local.training_env_copies(cfg("env.num_envs=4")) == 1
+    assert local.training_env_copies(cfg("env.num_envs=4", "collector.lean=false")) == 4

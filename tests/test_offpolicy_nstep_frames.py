@@ -11,13 +11,13 @@ import torch
 from offpolicy_helpers import run_cli, summary, train_inprocess
 from tensordict import TensorDict
 
-from offpolicy.algos import build_parts
+from offpolicy.builder import Builder
 from offpolicy.config import compose_config
-from offpolicy.engines.local import make_collector
-from offpolicy.envs import for_replay, make_train_env
+from offpolicy.envs import make_train_env
 from offpolicy.frame_replay import FrameReplay
 from offpolicy.nstep import n_step_transitions
 from offpolicy.plan import make_plan
+from offpolicy.rollout import for_replay
 from shared.config import ConfigError
 
 
@@ -76,7 +76,7 @@ def test_value_target_discounts_the_bootstrap_by_gamma_to_the_k():
     cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=smoke", "loss.n_steps=3", "loss.gamma=0.9"])
     env = make_train_env(cfg)
     try:
-        parts = build_parts(cfg, env)
+        parts = Builder(cfg).parts(env)
     finally:
         env.close()
     td = TensorDict({"steps_to_next_obs": torch.tensor([[1], [2], [3], [3]]),
@@ -145,8 +145,8 @@ def breakout_batches():
         cfg, _ = compose_config(["algo=dqn", "profile=atari", "env=Breakout", f"env.num_envs={ENVS}",
                                  f"collector.env_steps_per_batch={ENVS * STEPS}", f"seed={seed}"])
         env = make_train_env(cfg)
-        parts = build_parts(cfg, env)
-        collector = make_collector(cfg, env, parts.collect_policy)
+        parts = Builder(cfg).parts(env)
+        collector = Builder(cfg).collector(env, parts.collect_policy)
         try:
             for i, batch in zip(range(BATCHES // 2), collector):
                 batch = for_replay(batch)
@@ -278,7 +278,7 @@ def test_dueling_q_is_value_plus_centred_advantage(env_name, hidden):
                              f"model.hidden={hidden}"])
     env = make_train_env(cfg)
     try:
-        parts = build_parts(cfg, env)
+        parts = Builder(cfg).parts(env)
         obs = env.reset()["observation"]
     finally:
         env.close()

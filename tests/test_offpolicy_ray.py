@@ -17,6 +17,7 @@ import torch
 from offpolicy_helpers import run_cli, summary
 from proc import start_module
 
+from offpolicy.builder import Builder
 from offpolicy.invariants import InvariantError
 from offpolicy.config import compose_config
 from shared.checkpoint import load_checkpoint
@@ -283,8 +284,7 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
     import ray
     from tensordict import TensorDict
 
-    from offpolicy.algos import build_parts
-    from offpolicy.engines.ray import make_replay_buffer, start_ray
+    from offpolicy.engines.ray import make_replay_actor, start_ray
     from offpolicy.engines.ray import describe_ray_failure
     from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted
     from offpolicy.envs import make_train_env
@@ -292,11 +292,11 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
     cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "ray.world_size=1",
                              f"run_dir={tmp_path}"])
     env = make_train_env(cfg, None, seed=0, num_envs=1)
-    parts = build_parts(cfg, env)
+    parts = Builder(cfg).parts(env)
     start_ray(cfg)
     pool = None
     try:
-        replay = make_replay_buffer(cfg)
+        replay = make_replay_actor(cfg)
         pool = CollectorPool(cfg, parts.collect_policy, replay, None, seed=0)
         weights = TensorDict.from_module(parts.collect_policy).data
         start = time.monotonic()

@@ -42,7 +42,7 @@ def test_resume_continues_the_run(tmp_path, with_replay):
 
 
 def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
-    from offpolicy.algos import build_parts
+    from offpolicy.builder import Builder
     from offpolicy.config import compose_config
     from offpolicy.engines.local import LocalEngine
     from offpolicy.envs import make_train_env
@@ -53,8 +53,8 @@ def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
     assert ckpt["counters"]["env_steps"] == 200 and ckpt["counters"]["batches"] == 2
     cfg, _ = compose_config([f"resume={path}"])
     env = make_train_env(cfg)
-    parts = build_parts(cfg, env)
-    engine = LocalEngine(cfg, env, parts, tmp_path, cfg.seed)
+    parts = Builder(cfg).parts(env)
+    engine = LocalEngine(Builder(cfg), env, parts, tmp_path, cfg.seed)
     try:
         engine.restore(ckpt["learner"], version=ckpt["counters"]["batches"])
         state = parts.loss.state_dict()

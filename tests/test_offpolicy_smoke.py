@@ -42,13 +42,14 @@ def test_failing_evaluation_is_reported_at_once_and_training_goes_on(tmp_path, c
     """An evaluator that fails: one warning line as soon as it happens, training completes, the summary has the
     error."""
     from offpolicy import train
+    from offpolicy.builder import Builder
     from offpolicy.config import compose_config
 
-    def broken_eval_env(cfg, **kwargs):
+    def broken_eval_env(builder, **kwargs):
         raise RuntimeError("no display for the evaluation env")
 
     cfg, _ = compose_config(["algo=dqn", "profile=smoke", f"run_dir={tmp_path}"])
-    monkeypatch.setattr(train, "make_eval_env", broken_eval_env)
+    monkeypatch.setattr(Builder, "eval_env", broken_eval_env)
     s = train.train(cfg)
     assert s["status"] == "completed" and s["env_steps"] == 300 and s["optim_steps"] == 100
     assert s["eval_error"] == ("evaluation at 200 env steps failed: RuntimeError: no display for the evaluation env")

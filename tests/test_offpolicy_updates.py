@@ -6,7 +6,7 @@ import pytest
 import torch
 from offpolicy_helpers import smoke_parts
 
-from offpolicy.algos import build_parts
+from offpolicy.builder import Builder
 from offpolicy.learner import make_learner
 from offpolicy.config import compose_config
 from offpolicy.envs import make_train_env
@@ -126,7 +126,7 @@ def test_td3_target_smoothing_noise_is_scaled_to_the_action_range():
     cfg, _ = compose_config(["algo=td3", "env=Humanoid-v5", "profile=smoke"])
     env = make_train_env(cfg)
     try:
-        loss = build_parts(cfg, env).loss
+        loss = Builder(cfg).parts(env).loss
     finally:
         env.close()
     assert loss.policy_noise.shape == loss.noise_clip.shape == (17,)

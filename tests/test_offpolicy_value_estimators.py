@@ -7,10 +7,9 @@ import torch
 from tensordict import TensorDict
 
 from offpolicy import envs
-from offpolicy.engines.local import make_collector
-from offpolicy.replay import make_replay_buffer, sample_shape
-from offpolicy.algos import build_parts
+from offpolicy.builder import Builder
 from offpolicy.config import compose_config
+from offpolicy.replay import make_replay_buffer, sample_shape
 
 GAMMA, LMBDA = 0.9, 0.5
 
@@ -19,7 +18,7 @@ def _ddpg(estimator):
     cfg, _ = compose_config(["algo=ddpg", "env=Pendulum-v1", "profile=smoke", f"loss.value_estimator={estimator}",
                              f"loss.gamma={GAMMA}", f"loss.lmbda={LMBDA}", "replay.slice_len=4"])
     torch.manual_seed(0)
-    return build_parts(cfg, envs.make_train_env(cfg))
+    return Builder(cfg).parts(envs.make_train_env(cfg))
 
 
 def _trajectory(steps=4):
@@ -82,8 +81,8 @@ def test_slices_are_contiguous_pieces_of_one_trajectory():
                              "collector.env_steps_per_batch=400", "env.num_envs=2"])
     torch.manual_seed(0)
     env = envs.make_train_env(cfg)
-    parts = build_parts(cfg, env)
-    collector = make_collector(cfg, env, parts.collect_policy)
+    parts = Builder(cfg).parts(env)
+    collector = Builder(cfg).collector(env, parts.collect_policy)
     replay = make_replay_buffer(cfg)
     try:
         replay.extend(next(iter(collector)).reshape(-1))

@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from omegaconf import DictConfig
-
 from offpolicy.algos.base import AlgoParts, Algorithm
 
 _SHARED = {"base", "networks"}  # modules of this package that are not algorithms
@@ -28,10 +26,5 @@ def algorithm(name: str) -> Algorithm:
     return ALGORITHMS[name]
 
 
-def build_parts(cfg: DictConfig, env) -> AlgoParts:
-    """Build the parts of ``cfg.algo`` for ``env`` (anything with torchrl ``*_spec_unbatched``: only specs are
-    read)."""
-    return ALGORITHMS[cfg.algo].build(cfg, env)
 
-
-__all__ = ["ALGORITHMS", "ALGOS", "RENAMED_KEYS", "AlgoParts", "Algorithm", "algorithm", "build_parts"]
+__all__ = ["ALGORITHMS", "ALGOS", "RENAMED_KEYS", "AlgoParts", "Algorithm", "algorithm"]

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from offpolicy.updates import OptimGroup, TargetUpdate
-from shared.config import Rule
+from shared.config import ConfigError, Rule
 
 
 @dataclass
@@ -57,3 +57,15 @@ class Algorithm:
     added_keys: dict[str, object] = field(default_factory=dict)
     renamed_keys: dict[str, str] = field(default_factory=dict)  # old key -> current key (old checkpoints, old CLIs)
     shape_keys: tuple[str, ...] = ()  # its keys that shape its networks: a resume cannot change them
+
+    def check_actions(self, env_name: str, action_spec) -> None:
+        """The env's actions suit the algorithm: discrete (one-hot) or bounded continuous; a ConfigError otherwise.
+        (Observations were checked with the name: shared/envs.py check_gym_name.)"""
+        from torchrl.data import Bounded, OneHot
+
+        if self.discrete and not isinstance(action_spec, OneHot):
+            raise ConfigError(f"env.name={env_name!r} has continuous actions; allowed for {self.name}: a "
+                              "discrete-action env (CartPole-v1, an ALE game such as Pong)")
+        if not self.discrete and not isinstance(action_spec, Bounded):
+            raise ConfigError(f"env.name={env_name!r} has no bounded continuous actions; allowed for {self.name}: "
+                              "HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5 or another Box-action env")

@@ -19,21 +19,21 @@ def build(cfg, env) -> AlgoParts:
     from torchrl.objectives import CrossQLoss
 
     obs_spec, action_spec = nets.specs(env)
-    actor = nets.tanh_normal_actor(cfg, obs_spec, action_spec)
+    actor = nets.tanh_normal_actor(cfg.model, obs_spec, action_spec)
     norm = partial(BatchRenorm1d, momentum=cfg.crossq.renorm_momentum, warmup_steps=cfg.crossq.renorm_warmup_steps)
-    critic = nets.qvalue(cfg, obs_spec, action_spec.shape[-1], norm=norm)
+    critic = nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1], norm=norm)
     nets.before_losses()
-    loss = nets.with_value_estimator(cfg, CrossQLoss(
+    loss = nets.with_value_estimator(cfg.loss, CrossQLoss(
         actor, critic, num_qvalue_nets=2, loss_function=cfg.loss.function, alpha_init=cfg.crossq.alpha_init,
         fixed_alpha=cfg.crossq.fixed_alpha, target_entropy=nets.target_entropy(cfg.crossq), action_spec=action_spec,
         deactivate_vmap=True))  # each critic's batch statistics from its own plain forward, not under vmap
     betas = (cfg.crossq.adam_beta1, 0.999)
     delay = cfg.crossq.policy_delay
-    groups = nets.actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue", actor_every=delay,
-                                      betas=betas)
+    groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue",
+                                      actor_every=delay, betas=betas)
     return AlgoParts(
         collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
-        groups=groups + nets.alpha_group(cfg, loss, cfg.crossq, every=delay), target_updater=None,
+        groups=groups + nets.alpha_group(cfg.compile, loss, cfg.crossq, every=delay), target_updater=None,
         critic_only=nets.critic_only(loss.qvalue_loss, ensemble_td_error=False), td_error_squared=False,
         exploration_value=nets.alpha_value(loss),
     )

@@ -13,17 +13,17 @@ def build(cfg, env) -> AlgoParts:
     from torchrl.objectives import DDPGLoss
 
     obs_spec, action_spec = nets.specs(env)
-    actor = nets.continuous_actor(cfg, obs_spec, action_spec)
+    actor = nets.continuous_actor(cfg.model, obs_spec, action_spec)
     noise = nets.noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_env_steps)
     nets.before_losses()
-    loss = nets.with_value_estimator(cfg, DDPGLoss(actor, nets.qvalue(cfg, obs_spec, action_spec.shape[-1]),
+    loss = nets.with_value_estimator(cfg.loss, DDPGLoss(actor, nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1]),
                                                    loss_function=cfg.loss.function, delay_actor=True,
                                                    delay_value=True))
     return AlgoParts(
         collect_policy=actor if noise is None else TensorDictSequential(actor, noise), eval_policy=actor,
         exploration=noise, loss=loss,
-        groups=nets.actor_critic_groups(cfg, loss, loss.value_network_params, "loss_value"),
-        target_updater=nets.target_updater(cfg, loss), critic_loss_key="loss_value",
+        groups=nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.value_network_params, "loss_value"),
+        target_updater=nets.target_updater(cfg.target, loss), critic_loss_key="loss_value",
         exploration_value=nets.noise_value(noise),
     )
 

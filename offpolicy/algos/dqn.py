@@ -13,17 +13,15 @@ from shared.config import Rule
 from shared.models import AtariTrunk, DuelingHead, mlp
 
 
-def q_network(cfg, obs_spec, n_actions: int) -> nn.Module:
-    """``observation -> Q values``: the Nature CNN on Atari frames (uint8 [C, H, W]) or the configured MLP; with
-    ``dqn.dueling`` the last dense layer (Atari: 512 units) becomes a value and an advantage stream."""
+def q_network(model, obs_spec, n_actions: int, dueling: bool) -> nn.Module:
+    """``observation -> Q values``: the Nature CNN on Atari frames (uint8 [C, H, W]) or the MLP of the ``model``
+    section; ``dueling``: the last dense layer (Atari: 512 units) becomes a value and an advantage stream."""
     if obs_spec.dtype == torch.uint8:
-        trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature", dense=not cfg.dqn.dueling,
-                           channels_last=True)
-        head = (DuelingHead(trunk.out_features, n_actions, 512) if cfg.dqn.dueling
-                else nn.Linear(trunk.out_features, n_actions))
+        trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature", dense=not dueling, channels_last=True)
+        head = DuelingHead(trunk.out_features, n_actions, 512) if dueling else nn.Linear(trunk.out_features, n_actions)
         return nn.Sequential(trunk, head)
-    hidden, act = nets.hidden(cfg), nets.activation(cfg)
-    if not cfg.dqn.dueling:
+    hidden, act = nets.hidden(model), nets.activation(model)
+    if not dueling:
         return mlp(obs_spec.shape[-1], n_actions, hidden, act)
     body = mlp(obs_spec.shape[-1], hidden[-2], hidden[:-2], act) if len(hidden) > 1 else nn.Identity()
     width = hidden[-2] if len(hidden) > 1 else obs_spec.shape[-1]
@@ -36,17 +34,19 @@ def build(cfg, env) -> AlgoParts:
     from torchrl.objectives import DQNLoss
 
     obs_spec, action_spec = nets.specs(env)
-    qnet = QValueActor(q_network(cfg, obs_spec, action_spec.shape[-1]), in_keys=["observation"], spec=action_spec)
+    qnet = QValueActor(q_network(cfg.model, obs_spec, action_spec.shape[-1], cfg.dqn.dueling),
+                       in_keys=["observation"], spec=action_spec)
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
                            annealing_num_steps=cfg.dqn.eps_anneal_env_steps)
     nets.before_losses()
-    loss = nets.with_value_estimator(cfg, DQNLoss(qnet, loss_function=cfg.loss.function, delay_value=True,
+    loss = nets.with_value_estimator(cfg.loss, DQNLoss(qnet, loss_function=cfg.loss.function, delay_value=True,
                                                   double_dqn=cfg.dqn.double, action_space=action_spec))
-    optimizer = nets.network_adam(cfg, loss.value_network_params.flatten_keys().values(), "actor")
+    optimizer = nets.network_adam(cfg.optim, cfg.compile, loss.value_network_params.flatten_keys().values(), "actor")
     return AlgoParts(
         collect_policy=TensorDictSequential(qnet, greedy), eval_policy=qnet, exploration=greedy, loss=loss,
         groups=[OptimGroup("q", optimizer, ("loss",), cfg.optim.max_grad_norm)],
-        target_updater=nets.target_updater(cfg, loss), exploration_value=lambda: float(greedy.eps), discrete=True,
+        target_updater=nets.target_updater(cfg.target, loss), exploration_value=lambda: float(greedy.eps),
+        discrete=True,
     )
 
 ALGORITHM = Algorithm(

@@ -13,10 +13,10 @@ def build(cfg, env) -> AlgoParts:
     from torchrl.objectives import REDQLoss
 
     obs_spec, action_spec = nets.specs(env)
-    actor = nets.tanh_normal_actor(cfg, obs_spec, action_spec)
+    actor = nets.tanh_normal_actor(cfg.model, obs_spec, action_spec)
     nets.before_losses()
-    loss = nets.with_value_estimator(cfg, REDQLoss(
-        actor, nets.qvalue(cfg, obs_spec, action_spec.shape[-1]), num_qvalue_nets=cfg.redq.num_qvalue_nets,
+    loss = nets.with_value_estimator(cfg.loss, REDQLoss(
+        actor, nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1]), num_qvalue_nets=cfg.redq.num_qvalue_nets,
         sub_sample_len=cfg.redq.sub_sample_len, loss_function=cfg.loss.function, alpha_init=cfg.redq.alpha_init,
         # torchrl clamps alpha to [0.1, 10] by default; the paper tunes it freely (Pendulum settles near 0.02)
         min_alpha=1e-8, max_alpha=1e8,
@@ -25,11 +25,12 @@ def build(cfg, env) -> AlgoParts:
     # has the keys of a checkpoint's
     loss.target_entropy
     actor_every = max(1, round(cfg.optim.utd_ratio))  # once per collected env step
-    groups = nets.actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue", actor_every=actor_every)
+    groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue",
+                                      actor_every=actor_every)
     return AlgoParts(
         collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
-        groups=groups + nets.alpha_group(cfg, loss, cfg.redq, every=actor_every),
-        target_updater=nets.target_updater(cfg, loss),
+        groups=groups + nets.alpha_group(cfg.compile, loss, cfg.redq, every=actor_every),
+        target_updater=nets.target_updater(cfg.target, loss),
         exploration_value=nets.alpha_value(loss),
     )
 

@@ -11,17 +11,18 @@ def build(cfg, env) -> AlgoParts:
     from torchrl.objectives import SACLoss
 
     obs_spec, action_spec = nets.specs(env)
-    actor = nets.tanh_normal_actor(cfg, obs_spec, action_spec)
+    actor = nets.tanh_normal_actor(cfg.model, obs_spec, action_spec)
     nets.before_losses()
-    loss = nets.with_value_estimator(cfg, SACLoss(
-        actor, nets.qvalue(cfg, obs_spec, action_spec.shape[-1]), num_qvalue_nets=2, loss_function=cfg.loss.function,
+    loss = nets.with_value_estimator(cfg.loss, SACLoss(
+        actor, nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1]), num_qvalue_nets=2,
+        loss_function=cfg.loss.function,
         alpha_init=cfg.sac.alpha_init, fixed_alpha=cfg.sac.fixed_alpha, target_entropy=nets.target_entropy(cfg.sac),
         action_spec=action_spec, deactivate_vmap=nets.DEACTIVATE_VMAP))
-    groups = nets.actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue")
+    groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue")
     return AlgoParts(
         collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
-        groups=groups + nets.alpha_group(cfg, loss, cfg.sac),
-        target_updater=nets.target_updater(cfg, loss), td_error_squared=False,
+        groups=groups + nets.alpha_group(cfg.compile, loss, cfg.sac),
+        target_updater=nets.target_updater(cfg.target, loss), td_error_squared=False,
         exploration_value=nets.alpha_value(loss),
     )
 

@@ -24,19 +24,19 @@ def make_loss(cfg, actor, critic, action_spec):
     for name, scale in (("policy_noise", cfg.td3.target_noise), ("noise_clip", cfg.td3.noise_clip)):
         delattr(loss, name)
         loss.register_buffer(name, scale * half_range, persistent=False)
-    return nets.with_value_estimator(cfg, loss)
+    return nets.with_value_estimator(cfg.loss, loss)
 
 
 def build(cfg, env) -> AlgoParts:
     obs_spec, action_spec = nets.specs(env)
-    actor = nets.continuous_actor(cfg, obs_spec, action_spec)
+    actor = nets.continuous_actor(cfg.model, obs_spec, action_spec)
     noise = nets.noise(cfg.td3, action_spec, cfg.td3.anneal_env_steps)
-    loss = make_loss(cfg, actor, nets.qvalue(cfg, obs_spec, action_spec.shape[-1]), action_spec)
-    groups = nets.actor_critic_groups(cfg, loss, loss.qvalue_network_params, "loss_qvalue",
+    loss = make_loss(cfg, actor, nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1]), action_spec)
+    groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue",
                                       actor_every=cfg.td3.policy_delay, targets_follow_actor=True)
     return AlgoParts(
         collect_policy=TensorDictSequential(actor, noise), eval_policy=actor, exploration=noise, loss=loss,
-        groups=groups, target_updater=nets.target_updater(cfg, loss),
+        groups=groups, target_updater=nets.target_updater(cfg.target, loss),
         critic_only=nets.critic_only(loss.value_loss, ensemble_td_error=True),
         exploration_value=nets.noise_value(noise),
     )

@@ -1,5 +1,10 @@
-"""The seam between the training loop and where its parts run. An engine owns the collector(s), the replay buffer and
-the learner; the loop (offpolicy/loop.py) only calls the methods below, the same way for every engine.
+"""The seam between the training loop and where its parts run, and nothing else: the interface an engine offers.
+
+An engine owns the collector(s), the replay buffer and the learner; the loop (offpolicy/loop.py) only calls the
+instance methods below, the same way for every engine. Before an engine exists, the config check, the entry point and
+the planner ask its class what it needs (:meth:`Engine.check_config`, :meth:`Engine.resources`,
+:meth:`Engine.training_env_copies`, :meth:`Engine.describe_failure`); none of them imports an engine module
+(offpolicy/engines/__init__.py finds the class by name).
 
 Local (engines/local.py) runs everything in this process; Ray (engines/ray.py) runs collector actors that write into
 a replay actor, and learner ranks that average their gradients with torch.distributed.
@@ -7,75 +12,39 @@ a replay actor, and learner ranks that average their gradients with torch.distri
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
+from omegaconf import DictConfig
+
+from offpolicy.rollout import Rollout
 
 
 class LearnerLost(RuntimeError):
     """The learner is gone (a Ray rank died) and no learner state exists at the current frame count."""
 
 
-@dataclass
-class Rollout:
-    """What one round of collection brought: counts, finished episodes, the policy versions it was collected with
-    (None when nothing was collected), rewards and actions (for the action statistics)."""
-
-    env_steps: int = 0
-    returns: list[float] = field(default_factory=list)
-    lengths: list[float] = field(default_factory=list)
-    version_lo: int | None = None
-    version_hi: int | None = None
-    reward_sum: float = 0.0
-    actions: torch.Tensor | None = None
-    collectors: int = 1
+class Engine(ABC):
+    """Collector, replay and learner of one run, wherever they live; built from the run's
+    :class:`~offpolicy.builder.Builder`, the training env, the algorithm's parts, the run directory and the env seed."""
 
     @staticmethod
-    def merge(parts: list["Rollout"]) -> "Rollout":
-        """One round's rollout from several collectors' rollouts."""
-        versions = [(p.version_lo, p.version_hi) for p in parts if p.version_lo is not None]
-        actions = [p.actions for p in parts if p.actions is not None and len(p.actions)]
-        return Rollout(env_steps=sum(p.env_steps for p in parts), returns=[r for p in parts for r in p.returns],
-                       lengths=[n for p in parts for n in p.lengths],
-                       version_lo=min(v[0] for v in versions) if versions else None,
-                       version_hi=max(v[1] for v in versions) if versions else None,
-                       reward_sum=sum(p.reward_sum for p in parts),
-                       actions=torch.cat(actions) if actions else None, collectors=len(parts))
+    def check_config(cfg: DictConfig) -> None:
+        """Raise a ConfigError (one line: the key and what is allowed) for a setting this engine cannot run."""
 
+    @staticmethod
+    @abstractmethod
+    def resources(cfg: DictConfig) -> dict[str, float]:
+        """CPUs and GPUs the run's collectors and learners reserve."""
 
-class RolloutStats:
-    """Called on every collected (flattened) batch: counts transitions, keeps finished episodes, the policy versions
-    and the actions, until :meth:`drain` returns them as a :class:`Rollout`. Runs in this process (local) or inside
-    each Ray collector actor (its ``post_collect_hook``)."""
+    @staticmethod
+    @abstractmethod
+    def training_env_copies(cfg: DictConfig) -> int:
+        """Env copies the training process builds as torchrl envs (the others step copies of their own)."""
 
-    def __init__(self):
-        self.pending: list = []
-
-    def __call__(self, batch) -> None:
-        self.pending.append(batch)
-
-    def drain(self) -> Rollout:
-        """This round's statistics; starts a new round."""
-        batches, self.pending = self.pending, []
-        if not batches:
-            return Rollout()
-        batch = torch.cat([b.reshape(-1) for b in batches]) if len(batches) > 1 else batches[0].reshape(-1)
-        nxt = batch.get("next")
-        if "game_over" in nxt.keys():  # Atari: whole games with raw scores, not the (per-life) training episodes
-            done, returns, lengths = (nxt.get(k).reshape(-1) for k in ("game_over", "game_score", "game_length"))
-        else:
-            done, returns, lengths = (nxt.get(k).reshape(-1) for k in ("done", "episode_reward", "step_count"))
-        versions = nxt.get("policy_version")  # the root key lags one step behind
-        return Rollout(env_steps=batch.numel(), returns=returns[done].float().tolist(),
-                       lengths=lengths[done].float().tolist(),
-                       version_lo=int(versions.min()), version_hi=int(versions.max()),
-                       reward_sum=float(nxt.get("reward").float().sum()),
-                       actions=batch.get("action").reshape(batch.numel(), -1).float())
-
-
-class Engine(ABC):
-    """Collector, replay and learner of one run, wherever they live."""
+    @staticmethod
+    def describe_failure(exc: BaseException) -> str | None:
+        """One line for a failure of this engine's parts that ends the run (exit 4); None: not one (re-raised)."""
+        return None
 
     @abstractmethod
     def collect(self) -> Rollout:

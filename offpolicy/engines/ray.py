@@ -28,22 +28,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDict
 
-from offpolicy.algos import AlgoParts, build_parts
-from offpolicy.learner import make_learner
-from offpolicy.engines.base import Engine, LearnerLost, Rollout
+from offpolicy.algos import AlgoParts
+from offpolicy.builder import Builder
+from offpolicy.engines.base import Engine, LearnerLost
 from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted
 from offpolicy.envs import obs_norm_state
 from offpolicy.invariants import InvariantError
 from offpolicy.replay import n_step_transform
+from offpolicy.rollout import Rollout
 from shared import compat
 from shared.config import ConfigError
-
-
-def ray_resources(cfg: DictConfig) -> dict[str, float]:
-    """CPUs and GPUs the job reserves: collectors and learner ranks (the replay actor asks for none)."""
-    r = cfg.ray
-    return {"CPU": r.num_collectors * r.collector_cpus + r.world_size * r.learner_cpus,
-            "GPU": r.num_collectors * r.collector_gpus + r.world_size * r.learner_gpus}
 
 
 def start_ray(cfg: DictConfig) -> None:
@@ -68,7 +62,7 @@ def start_ray(cfg: DictConfig) -> None:
         raise ConfigError(f"ray.address={cfg.ray.address!r}: cannot connect ({str(exc).splitlines()[0]}); "
                           "allowed: null (start a local Ray), auto or host:port of a running cluster") from None
     have = ray.cluster_resources()
-    need = ray_resources(cfg)
+    need = RayEngine.resources(cfg)
     short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
     if short:
         ray.shutdown()
@@ -77,7 +71,7 @@ def start_ray(cfg: DictConfig) -> None:
                           "smaller ray.collector_cpus / learner_cpus / *_gpus, or a bigger cluster")
 
 
-def make_replay_buffer(cfg: DictConfig):
+def make_replay_actor(cfg: DictConfig):
     """The replay actor: a FIFO of ``replay.size`` transitions sampled uniformly, owned by Ray (0 CPUs reserved)."""
     from torchrl.data import LazyTensorStorage, RandomSampler, RayReplayBuffer, TensorDictReplayBuffer
 
@@ -88,7 +82,7 @@ def make_replay_buffer(cfg: DictConfig):
 
 
 class Specs:
-    """The training env's specs without the env (what :func:`build_parts` reads), to ship to the learner ranks."""
+    """The training env's specs without the env (what an algorithm's builder reads), to ship to the learner ranks."""
 
     def __init__(self, env):
         self.observation_spec_unbatched = env.observation_spec_unbatched
@@ -106,14 +100,14 @@ class LearnerRank:
         torch.manual_seed(cfg.seed)  # the same initial networks on every rank
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda") if cfg.ray.backend == "nccl" else torch.device("cpu")
-        self.parts: AlgoParts = build_parts(cfg, specs)
+        builder = Builder(cfg)
+        self.parts: AlgoParts = builder.parts(specs)
         self.parts.loss.to(self.device)
         self.replay = replay
-        self.learner = make_learner(cfg, self.parts, specs.action_spec_unbatched,
-                                    sample_shape=(cfg.optim.batch_size // world_size,),
-                                    grad_sync=partial(average_gradients, world_size=world_size) if world_size > 1
-                                    else None,
-                                    chunk=max(cfg.ray.prefetch, 1), device=self.device)
+        self.learner = builder.learner(self.parts, specs.action_spec_unbatched, world_size=world_size,
+                                       grad_sync=partial(average_gradients, world_size=world_size) if world_size > 1
+                                       else None,
+                                       chunk=max(cfg.ray.prefetch, 1), device=self.device)
         # each rank draws its own samples and noise, from the run's seed (a resumed run's is new: new draws)
         torch.manual_seed(seed + 1 + rank)
         self.backend = cfg.ray.backend
@@ -179,16 +173,60 @@ class RayEngine(Engine):
     """Collector actors, a replay actor and learner ranks on Ray; the driver keeps the collection policy (and its
     exploration state) and the evaluation policy, refreshed from rank 0 after every round."""
 
-    def __init__(self, cfg: DictConfig, env, parts: AlgoParts, seed: int):
+    @staticmethod
+    def check_config(cfg: DictConfig) -> None:
+        """What the Ray engine needs on top of the local checks."""
+        ray_cfg = cfg.ray
+        if cfg.optim.batch_size % ray_cfg.world_size:
+            raise ConfigError(f"optim.batch_size={cfg.optim.batch_size} is not allowed; allowed: a multiple of "
+                              f"ray.world_size={ray_cfg.world_size} (the global batch is split evenly over the ranks)")
+        per_round = ray_cfg.num_collectors * cfg.env.num_envs
+        if cfg.collector.env_steps_per_batch % per_round:
+            raise ConfigError(f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch} is not allowed; "
+                              f"allowed: a multiple of ray.num_collectors * env.num_envs = {per_round}")
+        if ray_cfg.backend == "nccl" and (ray_cfg.learner_gpus < 1 or not float(ray_cfg.learner_gpus).is_integer()):
+            raise ConfigError(f"ray.learner_gpus={ray_cfg.learner_gpus} is not allowed with ray.backend=nccl; "
+                              "allowed: a whole number >= 1 (NCCL needs one GPU per rank)")
+        if ray_cfg.backend == "gloo" and ray_cfg.learner_gpus:
+            raise ConfigError(f"ray.learner_gpus={ray_cfg.learner_gpus} is not allowed with ray.backend=gloo; "
+                              "allowed: 0 (or ray.backend=nccl)")
+        local_only = {"replay.storage": (cfg.replay.storage, "memory"),
+                      "replay.prioritized": (cfg.replay.prioritized, False),
+                      "replay.slice_len": (cfg.replay.slice_len, None),
+                      "replay.in_checkpoint": (cfg.replay.in_checkpoint, False)}
+        for key, (value, allowed) in local_only.items():
+            if value != allowed:
+                raise ConfigError(f"{key}={value!r} is not allowed with engine=ray; allowed: "
+                                  f"{str(allowed).lower() if allowed is not None else 'null'} (the Ray replay actor "
+                                  "is a uniform in-memory FIFO)")
+
+    @staticmethod
+    def resources(cfg: DictConfig) -> dict[str, float]:
+        """CPUs and GPUs the job reserves: collectors and learner ranks (the replay actor asks for none)."""
+        r = cfg.ray
+        return {"CPU": r.num_collectors * r.collector_cpus + r.world_size * r.learner_cpus,
+                "GPU": r.num_collectors * r.collector_gpus + r.world_size * r.learner_gpus}
+
+    @staticmethod
+    def training_env_copies(cfg: DictConfig) -> int:
+        """One: the driver reads its specs and statistics; the collector actors build their own copies."""
+        return 1
+
+    @staticmethod
+    def describe_failure(exc: BaseException) -> str | None:
+        return describe_ray_failure(exc)
+
+    def __init__(self, builder: Builder, env, parts: AlgoParts, run_dir, seed: int):
         import ray
 
+        cfg = builder.cfg
         start_ray(cfg)
         self.cfg, self.parts = cfg, parts
         self.timeout = float(cfg.ray.step_timeout_s)
         self.replay = self.collectors = None
         self.ranks = []
         try:
-            self.replay = make_replay_buffer(cfg)
+            self.replay = make_replay_actor(cfg)
             self.collectors = CollectorPool(cfg, parts.collect_policy, self.replay, obs_norm_state(env), seed)
             rank_cls = ray.remote(num_cpus=cfg.ray.learner_cpus, num_gpus=cfg.ray.learner_gpus)(LearnerRank)
             config = OmegaConf.to_container(cfg, resolve=True)

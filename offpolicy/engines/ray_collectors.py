@@ -18,9 +18,10 @@ from functools import partial
 from omegaconf import DictConfig
 from torchrl.envs.llm.transforms import PolicyVersion
 
-from offpolicy.engines.base import Rollout, RolloutStats
-from offpolicy.envs import collector_seed, for_replay, make_train_env
+from offpolicy.builder import Builder
+from offpolicy.envs import collector_seed
 from offpolicy.invariants import InvariantError
+from offpolicy.rollout import Rollout, RolloutStats, for_replay
 
 WRITES_SETTLE_S = 0.5  # a dead actor's last replay write may still be queued at the replay actor: wait this long quiet
 
@@ -33,10 +34,10 @@ class SettableVersion(PolicyVersion):
         self.version = version
 
 
-def _collector_env(cfg: DictConfig, slot: int, obs_norm: dict | None, seed: int):
+def _collector_env(builder: Builder, slot: int, obs_norm: dict | None, seed: int):
     """The envs of collector ``slot`` (a replacement takes a slot past every earlier one): the local training env with
     seeds apart from every other collector's."""
-    return make_train_env(cfg, obs_norm, seed=collector_seed(seed, slot, cfg.env.num_envs))
+    return builder.train_env(obs_norm, seed=collector_seed(seed, slot, builder.cfg.env.num_envs))
 
 
 class CollectorPool:
@@ -56,7 +57,7 @@ class CollectorPool:
         self.timeout = float(cfg.ray.step_timeout_s)
         self.version = 0  # publications so far (the policy version every actor holds)
         self.failure: CollectorsExhausted | None = None  # a death past the limit in a publication, raised next round
-        self.make_env = partial(_collector_env, cfg, obs_norm=obs_norm, seed=seed)
+        self.make_env = partial(_collector_env, Builder(cfg), obs_norm=obs_norm, seed=seed)
         self.remote = {"num_cpus": cfg.ray.collector_cpus}
         if cfg.ray.collector_gpus:
             self.remote["num_gpus"] = cfg.ray.collector_gpus

@@ -1,0 +1,115 @@
+"""The off-policy checkpoint, one object for both engines: what a checkpoint holds, how it is written (atomically, at a
+round boundary), read (``weights_only``; older files brought to today's key names), checked against the config that
+resumes it, and restored into a new run's parts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from offpolicy.algos import ALGOS, RENAMED_KEYS, algorithm
+from offpolicy.replay import replay_scratch_dir
+from shared.checkpoint import load_checkpoint, resumed_config, save_checkpoint
+from shared.config import ConfigError, check_kept_on_resume
+
+# "frames" means emulator frames in both engines; off-policy counts env steps (transitions), named so since 0.2. The
+# old off-policy names stay accepted, on the command line and in the config of a resumed older checkpoint.
+RENAMED = {"total_frames": "total_env_steps", "collector.frames_per_batch": "collector.env_steps_per_batch",
+           "collector.prefill_frames": "collector.prefill_env_steps", "eval.interval_frames": "eval.interval_env_steps",
+           **RENAMED_KEYS}
+# keys newer than some checkpoints, with what those runs used: a resume keeps them (a profile file's value today
+# would change the resumed run's recipe)
+ADDED_KEYS = {"loss.n_steps": 1, "replay.frames_once": False}  # (an algorithm's own: Algorithm.added_keys)
+# what the checkpoint's networks and optimisers were built for: a resume cannot change them
+# (env.obs_norm: the networks learned on raw or on standardised inputs; loss.value_estimator: the loss's state keys)
+SHAPE_KEYS = ("model.hidden", "model.activation", "env.name", "env.from_pixels", "env.image_size",
+              "env.atari.frame_stack", "env.atari.image_size", "env.obs_norm",
+              "loss.value_estimator")  # and the algorithm's own (Algorithm.shape_keys)
+# what a saved replay was written with: a resume that restores it cannot change them (the sampler's layout too)
+REPLAY_KEYS = ("loss.n_steps", "replay.frames_once", "replay.prioritized", "replay.slice_len")
+
+
+class Checkpoint:
+    """One checkpoint file's content: ``config``, ``counters`` and ``learner`` (always), the exploration state, the
+    observation statistics, the replay (``replay.in_checkpoint`` or a memmap replay) and torch's RNG state."""
+
+    KEYS = ("config", "counters", "learner")  # a file without them is not an off-policy checkpoint (A3C's lacks them)
+
+    def __init__(self, state: dict, config: dict):
+        self.state = state
+        self.config = config  # the run's config with today's key names, continuing in the checkpoint's run dir
+
+    @classmethod
+    def read(cls, path: str | Path) -> "Checkpoint":
+        """Load ``path`` (``resume=``); anything wrong with the file is one ConfigError."""
+        state = load_checkpoint(path, key="resume", required=cls.KEYS, written_by="offpolicy.train")
+        return cls(state, resumed_config(current_keys(state["config"]), path))
+
+    @property
+    def counters(self) -> dict:
+        return self.state["counters"]
+
+    @property
+    def obs_norm(self) -> dict | None:
+        return self.state["obs_norm"]
+
+    @staticmethod
+    def write(path: Path, cfg: DictConfig, *, counters: dict, engine, exploration, obs_norm: dict | None) -> Path:
+        """Atomically write everything a resume needs (at a round boundary: the counters match the learner)."""
+        keep_replay = cfg.replay.in_checkpoint or cfg.replay.storage == "memmap"
+        state = {
+            "config": OmegaConf.to_container(cfg, resolve=True),
+            "counters": counters,
+            "learner": engine.learner_state(),
+            "exploration": exploration.state_dict() if exploration is not None else None,
+            "obs_norm": obs_norm,
+            "replay": engine.replay_state() if keep_replay else None,
+            "rng": torch.get_rng_state(),
+        }
+        return save_checkpoint(path, state)
+
+    def check_resumable(self, cfg: DictConfig) -> None:
+        """``cfg`` (the resume's) keeps the networks' shapes and, with a saved replay, its layout; a memmap replay finds
+        its files (or the run resumes without it: ``replay.storage=memory``, refilled by the prefill)."""
+        saved = OmegaConf.create(self.config)
+        check_kept_on_resume(cfg, saved, SHAPE_KEYS + algorithm(cfg.algo).shape_keys,
+                             "the checkpoint's networks and loss were built for it")
+        if self.state.get("replay") is None:
+            return
+        keys = [*REPLAY_KEYS, *(("loss.gamma",) if cfg.loss.n_steps > 1 else ()),
+                *(("replay.size", "env.num_envs") if cfg.replay.frames_once else ())]
+        check_kept_on_resume(cfg, saved, keys, "its saved replay was written with it")  # n-step, own frame layout
+        if saved.replay.storage == cfg.replay.storage == "memmap":
+            scratch = replay_scratch_dir(cfg, Path(cfg.run_dir))
+            if not (scratch / "meta.json").exists():
+                raise ConfigError(f"replay.scratch_dir={str(scratch)!r}: the resumed run's replay files are gone; "
+                                  "allowed: that directory with its files, or replay.storage=memory (resume with an "
+                                  "empty replay, refilled by the prefill)")
+
+    def restore(self, engine, exploration, *, storage: str, version: int) -> None:
+        """Load the learner, exploration, replay (when saved with this run's ``replay.storage``; else the run resumes
+        with an empty replay) and RNG state; the collectors continue from policy version ``version``."""
+        state = self.state
+        if exploration is not None:
+            exploration.load_state_dict(state["exploration"])
+        if state["replay"] is not None and self.config["replay"]["storage"] == storage:
+            engine.restore_replay(state["replay"])
+        engine.restore(state["learner"], version=version)
+        torch.set_rng_state(state["rng"])
+
+
+def current_keys(config: dict) -> dict:
+    """``config`` (a checkpoint's) with the keys of :data:`RENAMED` under their current names and the keys added
+    since it was written (:data:`ADDED_KEYS`) at the values it ran with."""
+    config = OmegaConf.create(config)
+    for old, new in RENAMED.items():
+        if OmegaConf.select(config, old) is not None:
+            OmegaConf.update(config, new, OmegaConf.select(config, old))
+            parent, _, leaf = old.rpartition(".")
+            del (OmegaConf.select(config, parent) if parent else config)[leaf]
+    own = algorithm(config["algo"]).added_keys if config.get("algo") in ALGOS else {}
+    for key, value in {**ADDED_KEYS, **own}.items():
+        if OmegaConf.select(config, key) is None:
+            OmegaConf.update(config, key, value)
+    return OmegaConf.to_container(config)
