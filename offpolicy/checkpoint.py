@@ -41,9 +41,9 @@ class Checkpoint:
         self.config = config  # the run's config with today's key names, continuing in the checkpoint's run dir
 
     @classmethod
-    def read(cls, path: str | Path) -> "Checkpoint":
-        """Load ``path`` (``resume=``); anything wrong with the file is one ConfigError."""
-        state = load_checkpoint(path, key="resume", required=cls.KEYS, written_by="offpolicy.train")
+    def read(cls, path: str | Path, key: str = "resume") -> "Checkpoint":
+        """Load ``path`` (given as ``key=``); anything wrong with the file is one ConfigError naming ``key``."""
+        state = load_checkpoint(path, key=key, required=cls.KEYS, written_by="offpolicy.train")
         return cls(state, resumed_config(current_keys(state["config"]), path))
 
     @property

@@ -1,8 +1,14 @@
-"""Asynchronous evaluation: a background thread plays episodes with the deterministic policy on snapshots of its
-weights, so training never waits for it; results go to ``eval/`` (and optionally an mp4 per evaluation)."""
+"""Evaluation of the deterministic policy: the episodes (:func:`play_episodes`), the background evaluator of a
+training run (a thread playing snapshots of the weights, so training never waits for it; results go to ``eval/``
+and optionally an mp4 per evaluation), and the CLI.
+
+``python -m offpolicy.evaluate checkpoint=<path> episodes=10 video=true`` prints the mean and std return and writes
+``evaluation.json``.
+"""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import sys
 import threading
@@ -11,10 +17,14 @@ from typing import Callable
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from shared.rendering import render_frame
+from offpolicy.invariants import check_finite
+from shared.config import CONFIG_ROOT, ConfigError, Rule, compose, ensure_writable_dir, help_text, parse_overrides, \
+    run_cli
 from shared.evaluation import return_stats, write_video
+from shared.rendering import render_frame
 
 
 def play_episodes(env, policy, episodes: int, max_steps: int, render: bool = False,
@@ -115,7 +125,66 @@ class AsyncEvaluator:
             return
         stats = return_stats(returns)
         stats["length"] = float(np.mean(lengths))
+        metrics = {f"eval/{k}": v for k, v in stats.items()}
+        check_finite(metrics)  # a non-finite return fails this evaluation (reported; training goes on)
         self.results.append((env_steps, stats))
-        self._logger.log({f"eval/{k}": v for k, v in stats.items()}, env_steps)
+        self._logger.log(metrics, env_steps)
         if video:
             write_video(self._video_dir / f"eval-{env_steps}.mp4", video, fps=30)
+
+
+RULES = {"episodes": Rule(min=1, integer=True), "seed": Rule(min=0, integer=True, nullable=True)}
+USAGE = "usage: python -m offpolicy.evaluate checkpoint=<path> [episodes=10] [seed=N] [video=true] [run_dir=PATH]"
+
+
+def main(argv: list[str]) -> int:
+    """Evaluate a checkpoint of ``offpolicy.train``: prints ``return: mean +- std`` and writes evaluation.json (and
+    an mp4 of the first episode with ``video=true``) into the run directory."""
+    from offpolicy.builder import Builder
+    from offpolicy.checkpoint import Checkpoint
+    from offpolicy.envs import eval_max_steps
+    from offpolicy.run import Progress
+    from shared.atari import is_atari
+    from shared.envs import check_renders
+
+    config_dir = CONFIG_ROOT / "offpolicy"
+    if {"-h", "--help"} & set(argv):
+        print(help_text(config_dir, USAGE, {}, defaults="evaluate.yaml"))
+        return 0
+    args = compose(config_dir, parse_overrides(argv), rules=RULES, defaults="evaluate.yaml")
+    if not args.checkpoint:
+        raise ConfigError("checkpoint is required; allowed: the path of a checkpoint written by offpolicy.train")
+    checkpoint = Checkpoint.read(args.checkpoint, key="checkpoint")
+    out_dir = ensure_writable_dir(args.run_dir or Path(args.checkpoint).resolve().parent.parent, "run_dir")
+    cfg = OmegaConf.create(checkpoint.config)
+    if args.seed is not None:
+        cfg.seed = args.seed  # the evaluation env's seed derives from it (offpolicy/envs.py eval_seed)
+    if args.video:
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        if not is_atari(cfg.env.name) and not cfg.env.name.startswith("dmc:"):
+            check_renders(cfg.env.name)  # one error line, before any episode
+    torch.set_num_threads(cfg.threads)
+    builder = Builder(cfg)
+    env = builder.eval_env(render=args.video, obs_norm=checkpoint.obs_norm)
+    try:
+        parts = builder.parts(env)
+        parts.loss.load_state_dict(checkpoint.state["learner"]["loss"])  # the eval policy is the loss's actor
+        returns, lengths, frames = play_episodes(env, parts.eval_policy, args.episodes, eval_max_steps(cfg),
+                                                 render=args.video)
+    finally:
+        env.close()
+    env_steps = Progress.from_state(checkpoint.counters).env_steps
+    video = out_dir / "videos" / f"evaluate_{env_steps}.mp4" if frames else None
+    if video is not None:
+        write_video(video, frames, fps=30)
+    result = {**return_stats(returns), "returns": returns, "lengths": lengths, "env_steps_trained": env_steps,
+              "algo": cfg.algo, "env": cfg.env.name, "checkpoint": str(args.checkpoint),
+              "video": str(video) if video else None}
+    (out_dir / "evaluation.json").write_text(json.dumps(result, indent=2))
+    print(f"return: {result['return']:.2f} +- {result['return_std']:.2f} over {len(returns)} deterministic episodes "
+          f"({cfg.algo} on {cfg.env.name}, {env_steps} env steps trained)" + (f"; video: {video}" if video else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -27,6 +27,17 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
     return round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)
 
 
+def start_line(cfg: DictConfig, engine: Engine, run_dir: Path, progress: "Progress", resumed: bool) -> str:
+    """What a run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill, run
+    directory."""
+    return (f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser steps "
+            f"per collected transition = {optim_steps_per_batch(cfg)} steps per "
+            f"{cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
+            f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
+            f"{cfg.collector.prefill_env_steps} env steps; run dir {run_dir}"
+            + (f"; resumed at {progress.env_steps} env steps" if resumed else ""))
+
+
 @dataclass
 class Progress:
     """The run's counters (checkpointed; a resumed run continues them)."""
@@ -85,16 +96,6 @@ class Run:
         interval = cfg.eval.interval_env_steps
         self._next_eval = (progress.env_steps // interval + 1) * interval if interval else None
         self._last_checkpoint = time.monotonic()
-
-    def describe(self, resumed: bool) -> str:
-        """The start-up line: algorithm, env, where the parts run, UTD and replay ratio, prefill, run directory."""
-        cfg = self.cfg
-        return (f"offpolicy {cfg.algo} on {cfg.env.name}: {self.engine.describe()}UTD {cfg.optim.utd_ratio:g} "
-                f"optimiser steps per collected transition = {self.steps_per_batch} steps per "
-                f"{cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
-                f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
-                f"{cfg.collector.prefill_env_steps} env steps; run dir {self.run_dir}"
-                + (f"; resumed at {self.progress.env_steps} env steps" if resumed else ""))
 
     def evaluate_if_due(self) -> None:
         """Submit the deterministic policy to the background evaluator every ``eval.interval_env_steps``."""

@@ -21,7 +21,7 @@ from offpolicy.envs import eval_max_steps, obs_norm_state
 from offpolicy.evaluate import AsyncEvaluator
 from offpolicy.loop import train_loop
 from offpolicy.metrics import SharedLogger
-from offpolicy.run import Progress, Run
+from offpolicy.run import Progress, Run, start_line
 from shared import compat
 from shared.checkpoint import resumed_seed
 from shared.config import help_text, make_run_dir, run_cli
@@ -54,13 +54,13 @@ def train(cfg: DictConfig, checkpoint: Checkpoint | None = None) -> dict:
     try:
         if checkpoint is not None:
             checkpoint.restore(engine, parts.exploration, storage=cfg.replay.storage, version=progress.batches)
+        print(start_line(cfg, engine, run_dir, progress, resumed=checkpoint is not None), flush=True)
         logger = SharedLogger(make_logger(cfg.logger.backend, run_dir,
                                           config=OmegaConf.to_container(cfg, resolve=True)))
         evaluator = AsyncEvaluator(lambda render: builder.eval_env(render=render, obs_norm=norm), parts.eval_policy,
                                    logger, episodes=cfg.eval.episodes, max_steps=eval_max_steps(cfg),
                                    video_dir=run_dir / "videos" if cfg.eval.video else None)
         run = Run(cfg, run_dir, engine, parts, env.action_spec_unbatched, progress, logger, evaluator, norm)
-        print(run.describe(resumed=checkpoint is not None), flush=True)
         status, error = run.until_stopped(train_loop)
     finally:
         engine.close()
