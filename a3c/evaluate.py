@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -15,10 +14,9 @@ from omegaconf import OmegaConf
 
 from a3c.process import process_setup
 from shared.checkpoint import load_checkpoint
-from shared.config import (CONFIG_ROOT, ConfigError, Rule, compose, ensure_writable_dir, help_text, parse_overrides,
-                           run_cli)
+from shared.config import CONFIG_ROOT, Rule, run_cli
 from shared.atari import AtariBatch, AtariSettings
-from shared.evaluation import return_stats, write_video
+from shared.evaluation import evaluate_cli_args, evaluation_dir, return_stats, write_evaluation, write_video
 from shared.models import AtariActorCritic
 
 VIDEO_SCALE = 4  # agent-view frames (84x84) are upscaled for viewing
@@ -102,16 +100,12 @@ _USAGE = "usage: python -m a3c.evaluate checkpoint=<path> [episodes=10] [video=t
 
 def main(argv: list[str]) -> int:
     """Evaluate a checkpoint; prints ``return: mean +- std`` and writes evaluation.json (and an mp4)."""
-    config_dir = CONFIG_ROOT / "a3c"
-    if {"-h", "--help"} & set(argv):
-        print(help_text(config_dir, _USAGE, {}, defaults="evaluate.yaml"))
+    args = evaluate_cli_args(CONFIG_ROOT / "a3c", _USAGE, _RULES, argv, written_by="a3c.train")
+    if args is None:
         return 0
-    args = compose(config_dir, parse_overrides(argv), rules=_RULES, defaults="evaluate.yaml")
-    if not args.checkpoint:
-        raise ConfigError("checkpoint is required; allowed: the path of a checkpoint written by a3c.train")
     ckpt = load_checkpoint(args.checkpoint, key="checkpoint", required=("model", "config", "num_actions", "counters"),
                            written_by="a3c.train")
-    out_dir = ensure_writable_dir(args.run_dir or Path(args.checkpoint).resolve().parent.parent, "run_dir")
+    out_dir = evaluation_dir(args)
     cfg = OmegaConf.create(ckpt["config"])
     model = build_model(cfg, ckpt["num_actions"])
     model.load_state_dict(ckpt["model"])
@@ -121,9 +115,7 @@ def main(argv: list[str]) -> int:
                              video_path=video)
     result = {**return_stats(scores), "scores": scores, "frames_trained": ckpt["counters"]["frames"],
               "env": cfg.env.name, "checkpoint": str(args.checkpoint), "video": str(video) if video else None}
-    (out_dir / "evaluation.json").write_text(json.dumps(result, indent=2))
-    print(f"return: {result['return']:.2f} +- {result['return_std']:.2f} over {args.episodes} greedy episodes "
-          f"({cfg.env.name}, {result['frames_trained']} frames trained)" + (f"; video: {video}" if video else ""))
+    write_evaluation(out_dir, result, f"greedy episodes ({cfg.env.name}, {result['frames_trained']} frames trained)")
     return 0
 
 

@@ -8,7 +8,6 @@ and optionally an mp4 per evaluation), and the CLI.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import sys
 import threading
@@ -21,9 +20,8 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from offpolicy.invariants import check_finite
-from shared.config import CONFIG_ROOT, ConfigError, Rule, compose, ensure_writable_dir, help_text, parse_overrides, \
-    run_cli
-from shared.evaluation import return_stats, write_video
+from shared.config import CONFIG_ROOT, Rule, run_cli
+from shared.evaluation import evaluate_cli_args, evaluation_dir, return_stats, write_evaluation, write_video
 from shared.rendering import render_frame
 
 
@@ -147,15 +145,11 @@ def main(argv: list[str]) -> int:
     from shared.atari import is_atari
     from shared.envs import check_renders
 
-    config_dir = CONFIG_ROOT / "offpolicy"
-    if {"-h", "--help"} & set(argv):
-        print(help_text(config_dir, USAGE, {}, defaults="evaluate.yaml"))
+    args = evaluate_cli_args(CONFIG_ROOT / "offpolicy", USAGE, RULES, argv, written_by="offpolicy.train")
+    if args is None:
         return 0
-    args = compose(config_dir, parse_overrides(argv), rules=RULES, defaults="evaluate.yaml")
-    if not args.checkpoint:
-        raise ConfigError("checkpoint is required; allowed: the path of a checkpoint written by offpolicy.train")
     checkpoint = Checkpoint.read(args.checkpoint, key="checkpoint")
-    out_dir = ensure_writable_dir(args.run_dir or Path(args.checkpoint).resolve().parent.parent, "run_dir")
+    out_dir = evaluation_dir(args)
     cfg = OmegaConf.create(checkpoint.config)
     if args.seed is not None:
         cfg.seed = args.seed  # the evaluation env's seed derives from it (offpolicy/envs.py eval_seed)
@@ -180,9 +174,8 @@ def main(argv: list[str]) -> int:
     result = {**return_stats(returns), "returns": returns, "lengths": lengths, "env_steps_trained": env_steps,
               "algo": cfg.algo, "env": cfg.env.name, "checkpoint": str(args.checkpoint),
               "video": str(video) if video else None}
-    (out_dir / "evaluation.json").write_text(json.dumps(result, indent=2))
-    print(f"return: {result['return']:.2f} +- {result['return_std']:.2f} over {len(returns)} deterministic episodes "
-          f"({cfg.algo} on {cfg.env.name}, {env_steps} env steps trained)" + (f"; video: {video}" if video else ""))
+    write_evaluation(out_dir, result, f"deterministic episodes ({cfg.algo} on {cfg.env.name}, {env_steps} env steps "
+                     "trained)")
     return 0
 
 

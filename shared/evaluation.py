@@ -1,6 +1,8 @@
-"""Evaluation helpers shared by the engines: return statistics and mp4 writing."""
+"""Evaluation helpers shared by the engines: return statistics, mp4 writing, and the frame of both ``evaluate``
+CLIs (arguments from the engine's ``evaluate.yaml``, the output directory, ``evaluation.json`` and its line)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -26,3 +28,33 @@ def write_video(path: str | Path, frames: Sequence[np.ndarray], fps: int = 30) -
         for frame in frames:
             writer.append_data(np.ascontiguousarray(frame))
     return path
+
+
+def evaluate_cli_args(config_dir: Path, usage: str, rules: dict, argv: list[str], written_by: str):
+    """The arguments of an ``evaluate`` CLI: ``config_dir/evaluate.yaml`` with ``key=value`` overrides (``checkpoint``
+    required); ``None`` after printing the reference for ``--help``. Bad input is a ConfigError (one line, exit 2)."""
+    from shared.config import ConfigError, compose, help_text, parse_overrides
+
+    if {"-h", "--help"} & set(argv):
+        print(help_text(config_dir, usage, {}, defaults="evaluate.yaml"))
+        return None
+    args = compose(config_dir, parse_overrides(argv), rules=rules, defaults="evaluate.yaml")
+    if not args.checkpoint:
+        raise ConfigError(f"checkpoint is required; allowed: the path of a checkpoint written by {written_by}")
+    return args
+
+
+def evaluation_dir(args) -> Path:
+    """Where an ``evaluate`` CLI writes (created; a ConfigError naming ``run_dir`` if it cannot be): ``run_dir``, or
+    the run directory of the checkpoint (``<run>/checkpoints/last.pt``); call it once the checkpoint has loaded."""
+    from shared.config import ensure_writable_dir
+
+    return ensure_writable_dir(args.run_dir or Path(args.checkpoint).resolve().parent.parent, "run_dir")
+
+
+def write_evaluation(out_dir: Path, result: dict, what: str) -> None:
+    """Write ``result`` (with :func:`return_stats`' keys) to ``out_dir/evaluation.json`` and print its line:
+    ``return: mean +- std over N <what>``."""
+    (Path(out_dir) / "evaluation.json").write_text(json.dumps(result, indent=2))
+    video = f"; video: {result['video']}" if result.get("video") else ""
+    print(f"return: {result['return']:.2f} +- {result['return_std']:.2f} over {int(result['episodes'])} {what}{video}")
