@@ -50,7 +50,6 @@ from offpolicy.builder import Builder  # noqa: E402
 from offpolicy.envs import make_train_env  # noqa: E402
 from offpolicy.rollout import for_replay  # noqa: E402
 from offpolicy.replay import make_replay_buffer  # noqa: E402
-from shared import compat  # noqa: E402
 
 CASES = {"dqn": "CartPole-v1", "sac": "HalfCheetah-v5"}
 BATCH = 1024  # collector.env_steps_per_batch: a multiple of every num_envs
@@ -152,7 +151,6 @@ def main(argv: list[str]) -> None:
     sizes = [int(n) for n in options.get("num_envs", "1,8,64").split(",")]
     out = Path(options.get("out", ROOT / "benchmarks" / "results" / "offpolicy_collection_cost.jsonl"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    compat.fast_from_any()  # as offpolicy/train.py does
     meta = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": platform.node()}
     for algo in algos:
         for n in sizes:

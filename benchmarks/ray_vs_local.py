@@ -1,7 +1,7 @@
 """The Ray engine against the local one (a figure, not a test): env steps/s and optimiser updates/s of the same
 algorithm and config, after prefill, with equal resources on this machine. The goal is Ray >= 80 % of local.
 
-    python benchmarks/ray_vs_local.py [sac|dqn ...] [env_steps=N] [cpus=N] [engines=local-1env,ray-1x1,...]
+    python benchmarks/ray_vs_local.py [sac|dqn ...] [env_steps=N] [cpus=N] [engines=local-1env,ray-1x1,...] [pairs=3]
 
 - local: one process, ``threads=cpus`` torch threads, ``env.num_envs=2`` envs stepped in turn (SerialEnv);
 - ray: a local Ray cluster of ``cpus`` CPUs, 2 collector actors x 1 env, 2 Gloo learner ranks (global batch split
@@ -12,12 +12,16 @@ algorithm and config, after prefill, with equal resources on this machine. The g
 
 Each case is a fresh ``python -m offpolicy.train`` with evaluation off and metrics logged every round; the figures are
 env_steps (or updates) between the end of the prefill round and the end of the run over the wall time between them (so
-Ray's start-up is not counted). Prints JSON lines and appends them to benchmarks/results/ray_vs_local.jsonl.
+Ray's start-up is not counted). The engines run in turn, ``pairs`` times over (one run is not a figure: the
+machine's speed drifts), each time giving a ratio to its local baseline; the summary lines carry the medians and the
+ratio's range (``over_local_median``, ``_min``, ``_max``: quote the median). Prints JSON lines and appends them to
+benchmarks/results/ray_vs_local.jsonl.
 """
 from __future__ import annotations
 
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,27 +77,42 @@ def measure(name: str, engine: str, env_steps: int, cpus: int) -> dict:
 def main(argv: list[str]) -> None:
     names = [a for a in argv if "=" not in a] or list(CASES)
     opts = dict(a.split("=", 1) for a in argv if "=" in a)
-    env_steps, cpus = int(opts.get("env_steps", 6000)), int(opts.get("cpus", 2))
+    env_steps, cpus, pairs = int(opts.get("env_steps", 6000)), int(opts.get("cpus", 2)), int(opts.get("pairs", 3))
     out = ROOT / "benchmarks" / "results" / "ray_vs_local.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    meta = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "env_steps": env_steps, "cpus": cpus, "host": platform.node()}
     engines = opts["engines"].split(",") if "engines" in opts else ENGINES
+
+    def emit(line: dict) -> None:
+        print(json.dumps(line), flush=True)
+        with out.open("a") as f:
+            f.write(json.dumps({**line, **meta}) + "\n")
+
     for name in names:
-        results = {engine: measure(name, engine, env_steps, cpus) for engine in engines}
-        lines = [{"bench": f"ray_vs_local/{name}/{engine}", "metric": metric, "value": round(r[metric], 1),
-                  "unit": unit} for engine, r in results.items()
-                 for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"))]
-        for engine, baseline in BASELINE.items():
-            if engine not in results or baseline not in results:
-                continue
-            ratio = results[engine]["env_steps_per_s"] / results[baseline]["env_steps_per_s"]
-            lines.append({"bench": f"ray_vs_local/{name}/{engine}", "metric": "over_local", "value": round(ratio, 3),
-                          "unit": "ratio", "goal": 0.8})
-        for line in lines:
-            print(json.dumps(line), flush=True)
-            with out.open("a") as f:
-                f.write(json.dumps({**line, "time": stamp, "env_steps": env_steps, "cpus": cpus,
-                                    "host": platform.node()}) + "\n")
+        ratios: dict[str, list[float]] = {engine: [] for engine in BASELINE if engine in engines}
+        speeds: dict[str, list[float]] = {engine: [] for engine in engines}
+        for pair in range(pairs):  # alternated: every engine once per pair, so a drift of the machine hits all
+            results = {engine: measure(name, engine, env_steps, cpus) for engine in engines}
+            for engine, r in results.items():
+                speeds[engine].append(r["env_steps_per_s"])
+                for metric, unit in (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s")):
+                    emit({"bench": f"ray_vs_local/{name}/{engine}", "metric": metric, "value": round(r[metric], 1),
+                          "unit": unit, "pair": pair})
+            for engine in ratios:
+                if BASELINE[engine] in results:
+                    ratios[engine].append(results[engine]["env_steps_per_s"] /
+                                          results[BASELINE[engine]]["env_steps_per_s"])
+                    emit({"bench": f"ray_vs_local/{name}/{engine}", "metric": "over_local",
+                          "value": round(ratios[engine][-1], 3), "unit": "ratio", "goal": 0.8, "pair": pair})
+        for engine, values in speeds.items():
+            emit({"bench": f"ray_vs_local/{name}/{engine}", "metric": "env_steps_per_s_median",
+                  "value": round(statistics.median(values), 1), "unit": "steps/s", "pairs": pairs})
+        for engine, values in ratios.items():
+            if values:
+                for metric, value in (("over_local_median", statistics.median(values)),
+                                      ("over_local_min", min(values)), ("over_local_max", max(values))):
+                    emit({"bench": f"ray_vs_local/{name}/{engine}", "metric": metric, "value": round(value, 3),
+                          "unit": "ratio", "goal": 0.8, "pairs": pairs})
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The one place a run's parts are made from its config (Acme's builder idea): the training and evaluation envs, the
-algorithm's parts (offpolicy/algos/), the local collector, the replay buffer and the learner. The entry point, both
+algorithm's parts (offpolicy/algos/), the collector (in this process or in a Ray collector actor), the replay buffer and the learner. The entry point, both
 engines and the rate probes (offpolicy/rates.py) build through it, so a part is assembled the same way wherever it
 runs; where it runs is the engine's choice (offpolicy/engines/)."""
 from __future__ import annotations
@@ -37,29 +37,34 @@ class Builder:
         algo.check_actions(self.cfg.env.name, specs.action_spec_unbatched)
         return algo.build(self.cfg, specs)
 
-    def collector(self, env, policy, seed: int | None = None):
-        """The local collector running the stochastic ``policy`` on ``env`` (seeded by the caller): our
-        :class:`~offpolicy.collection.LeanCollector` where it applies (then seeded ``seed``, default ``cfg.seed``,
-        and ``env`` gives only its specs and observation statistics), else torchrl's ``Collector``. Transitions
-        carry the ``policy_version`` they were collected with (bumped by every weight publication). With
-        ``compile.enabled`` the policy runs under torch.compile too (one CartPole step of DQN's policy: ~70 against
-        ~120 µs, one check on a busy machine)."""
+    def collector(self, env, policy, seed: int | None = None, *, env_steps_per_batch: int | None = None,
+                  policy_device: torch.device | None = None):
+        """A collector running the stochastic ``policy`` on ``env`` (seeded by the caller), batches of
+        ``env_steps_per_batch`` transitions (default ``collector.env_steps_per_batch``; a Ray collector actor takes
+        its share): our :class:`~offpolicy.collection.LeanCollector` where it applies (then seeded ``seed``, default
+        ``cfg.seed``, and ``env`` gives only its specs and observation statistics), else torchrl's ``Collector``
+        (with the policy on ``policy_device``: a Ray collector's GPU). Transitions carry the ``policy_version`` they
+        were collected with (bumped by every weight publication). With ``compile.enabled`` the policy runs under
+        torch.compile too (one CartPole step of DQN's policy: ~70 against ~120 µs, one check on a busy machine)."""
         from offpolicy.collection import LeanCollector, lean_collection
 
         cfg = self.cfg
+        steps = cfg.collector.env_steps_per_batch if env_steps_per_batch is None else env_steps_per_batch
         if lean_collection(cfg):
             if cfg.compile.enabled:
                 policy = torch.compile(policy, mode=cfg.compile.mode)
-            return LeanCollector(cfg, env, policy, cfg.seed if seed is None else seed, envs.obs_norm_state(env))
+            return LeanCollector(cfg, env, policy, cfg.seed if seed is None else seed, envs.obs_norm_state(env), steps)
         from torchrl.collectors import Collector
         from torchrl.envs.llm.transforms import PolicyVersion
         from torchrl.envs.utils import ExplorationType
 
         compiled = ({"mode": cfg.compile.mode} if cfg.compile.mode else True) if cfg.compile.enabled else False
         # an explicit PolicyVersion: track_policy_version=True refuses batched (Serial/Parallel) envs
-        return Collector(env, policy, frames_per_batch=cfg.collector.env_steps_per_batch, total_frames=-1,
+        return Collector(env, policy, frames_per_batch=steps, total_frames=-1,
                          exploration_type=ExplorationType.RANDOM, track_policy_version=PolicyVersion(),
-                         auto_register_policy_transforms=False, compile_policy=compiled)
+                         auto_register_policy_transforms=False, compile_policy=compiled,
+                         policy_device=policy_device, env_device="cpu" if policy_device is not None else None,
+                         storing_device="cpu" if policy_device is not None else None)
 
     def replay(self, run_dir: Path | None = None):
         """The replay buffer of this process (offpolicy/replay.py); a memmap one keeps its files under ``run_dir``

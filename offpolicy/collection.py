@@ -26,15 +26,17 @@ from shared.atari import is_atari
 
 
 def lean_collection(cfg: DictConfig) -> bool:
-    """Whether the local engine collects with :class:`LeanCollector`: ``collector.lean`` and a Gymnasium state-vector
-    env stepped in this process (Ray's collector actors run torchrl's Collector)."""
-    return bool(cfg.collector.lean and cfg.engine == "local" and cfg.env.backend == "gymnasium"
+    """Whether a collector (the local engine's, or each Ray collector actor's) is a :class:`LeanCollector`:
+    ``collector.lean``, a Gymnasium state-vector env stepped in the collector's process, and the policy on the CPU
+    (a Ray collector with a GPU runs torchrl's Collector)."""
+    return bool(cfg.collector.lean and cfg.env.backend == "gymnasium"
                 and not is_atari(cfg.env.name) and not cfg.env.from_pixels and not cfg.env.name.startswith("dmc:")
-                and (cfg.env.num_envs == 1 or cfg.env.vector == "serial"))
+                and (cfg.env.num_envs == 1 or cfg.env.vector == "serial")
+                and (cfg.engine == "local" or not cfg.ray.collector_gpus))
 
 
 class LeanCollector:
-    """Batches of ``collector.env_steps_per_batch`` transitions, ``[num_envs, T]``, from the stochastic ``policy``.
+    """Batches of ``env_steps_per_batch`` transitions, ``[num_envs, T]``, from the stochastic ``policy``.
 
     Offers what the local engine uses of torchrl's ``Collector``: iteration, ``update_policy_weights_()`` (the
     policy is shared, so publishing bumps the version), ``policy_version``, ``policy_version_tracker.version`` and
@@ -42,13 +44,13 @@ class LeanCollector:
     on shutdown, as the Collector closes its env.
     """
 
-    def __init__(self, cfg: DictConfig, spec_env, policy, seed: int, obs_norm: dict | None):
+    def __init__(self, cfg: DictConfig, spec_env, policy, seed: int, obs_norm: dict | None, env_steps_per_batch: int):
         import gymnasium as gym
         from torchrl.data import OneHot
 
         n = cfg.env.num_envs
         self.spec_env, self.policy = spec_env, policy
-        self.steps = cfg.collector.env_steps_per_batch // n
+        self.steps = env_steps_per_batch // n
         self.envs = gym.vector.SyncVectorEnv([partial(gym.make, cfg.env.name) for _ in range(n)],
                                              autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         observation, _ = self.envs.reset(seed=[seed + i for i in range(n)])

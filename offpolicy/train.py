@@ -22,13 +22,10 @@ from offpolicy.evaluate import AsyncEvaluator
 from offpolicy.loop import train_loop
 from offpolicy.metrics import SharedLogger
 from offpolicy.run import Progress, Run, start_line
-from shared import compat
 from shared.checkpoint import resumed_seed
 from shared.config import help_text, make_run_dir, run_cli
 from shared.logging import make_logger
 from shared.plots import plot_curves
-
-compat.fast_from_any()
 
 USAGE = (f"usage: python -m offpolicy.train algo={'|'.join(ALGOS)} [env=NAME] [profile=smoke|local|ray_smoke|...] "
          "[engine=local|ray] [run_dir=PATH] [resume=CHECKPOINT] [key=value ...]")

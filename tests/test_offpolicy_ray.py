@@ -4,6 +4,7 @@ cannot be had, config errors, and the per-round invariants on their own. Every r
 process behind."""
 from __future__ import annotations
 
+import copy
 import math
 import os
 import random
@@ -137,7 +138,7 @@ def test_ray_dead_collectors_are_replaced_then_the_limit_ends_the_run_and_it_res
     assert code == 4, out[-3000:]
     assert [line.split(";")[1].split("(")[1] for line in out.splitlines() if line.startswith("ray: collector")] == [
         f"restart {k} of 3)" for k in (1, 2, 3)]
-    assert "error: a Ray collector died (Collector, pid" in out
+    assert "error: a Ray collector died (CollectorActor, pid" in out
     failed = summary(run_dir)
     assert failed["status"] == "failed" and failed["collector_restarts"] == 3
     assert "no replacement left (ray.max_collector_restarts=3)" in failed["error"]
@@ -302,7 +303,7 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
         start = time.monotonic()
         pool.restore(weights, version=1_000_000)
         assert time.monotonic() - start < 10
-        assert pool.call("get_policy_version") == [1_000_000, 1_000_000]
+        assert pool.call("policy_version") == [1_000_000, 1_000_000]
         rollout = pool.round()
         assert rollout.env_steps == 400 == len(replay) and (rollout.version_lo, rollout.version_hi) == (1_000_000,) * 2
         with torch.no_grad():
@@ -310,7 +311,7 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
                 p.fill_(0.25)
         assert pool.publish(TensorDict.from_module(parts.collect_policy).data) == 1_000_001
         local = parts.collect_policy.state_dict()  # the Q network at 0.25, epsilon's buffers as they were
-        for state in pool.call("policy.state_dict"):
+        for state in pool.call("policy_state"):
             assert state.keys() == local.keys() and all(torch.equal(state[k], local[k]) for k in local)
         assert pool.restarts == 0
         # a death past the limit during a publication (after the round's learning): the publication completes for
@@ -329,3 +330,47 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
         env.close()
         ray.shutdown()
     assert not wait_no_ray()
+
+
+def test_a_collector_actor_runs_the_lean_collector_on_its_own_seed_slot():
+    """A Ray collector actor (here its class in this process, with a local replay buffer in place of the replay
+    actor) runs the lean collector on a Gymnasium state-vector env, on its slot's seeds (collector 1 of a DQN run with
+    2 envs per collector plays seeds 2 and 3): it writes its share of a round into replay, reports it at policy
+    version 0, and a publication copies the weights into its policy and counts one version."""
+    import gymnasium as gym
+    from tensordict import TensorDict
+
+    from offpolicy.collection import LeanCollector
+    from offpolicy.engines.ray_collectors import CollectorActor
+    from offpolicy.replay import make_replay_buffer
+
+    cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "engine=ray", "env.num_envs=2", "ray.num_collectors=2",
+                             "collector.env_steps_per_batch=40", "env.obs_norm=false"])
+    specs = Builder(cfg).train_env(num_envs=1)
+    parts = Builder(cfg).parts(specs)
+    specs.close()
+    replay = make_replay_buffer(cfg)
+    # the actor holds its own copy of the policy, as one unpickled in its process does
+    actor = CollectorActor(dict(cfg), copy.deepcopy(parts.collect_policy), replay, slot=1, seed=0, obs_norm=None)
+    try:
+        assert isinstance(actor.collector, LeanCollector)
+        expected = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2).reset(seed=[2, 3])[0]
+        first = actor.collector.observation
+        assert torch.allclose(first, torch.as_tensor(expected, dtype=torch.float32))
+        actor.collect()
+        assert len(replay) == 20  # its share: 40 / 2 collectors
+        rollout = actor.drain()
+        assert rollout.env_steps == 20 and (rollout.version_lo, rollout.version_hi) == (0, 0)
+        assert torch.equal(replay[:].get("observation")[0], first[0])
+        with torch.no_grad():
+            for p in parts.collect_policy.parameters():
+                p.fill_(0.5)
+        weights = [k for k in parts.collect_policy.state_dict() if k.endswith("weight")]
+        assert not any(torch.equal(actor.policy_state()[k], parts.collect_policy.state_dict()[k]) for k in weights)
+        assert actor.publish(TensorDict.from_module(parts.collect_policy).data) == 1
+        assert all(torch.equal(v, parts.collect_policy.state_dict()[k]) for k, v in actor.policy_state().items())
+        actor.set_version(7)
+        actor.collect()
+        assert (actor.drain().version_lo, actor.policy_version()) == (7, 7)
+    finally:
+        actor.shutdown()

@@ -1,9 +1,10 @@
 """The Ray engine (``engine=ray``): the loop's parts on a Ray cluster.
 
-- collectors: ``ray.num_collectors`` actors (engines/ray_collectors.py, built by torchrl's ``RayCollector``), each a
-  torchrl ``Collector`` stepping ``env.num_envs`` envs; every rollout is flattened ``[B, T] -> [B*T]`` inside the
-  actor and written straight into the replay actor, and the actor's ``RolloutStats`` keeps the round's statistics
-  for the driver; a dead actor is replaced (``ray.max_collector_restarts``);
+- collectors: ``ray.num_collectors`` actors (engines/ray_collectors.py), each the run's collector (the lean one for
+  Gymnasium state-vector envs, else torchrl's ``Collector``) stepping ``env.num_envs`` envs; every rollout is
+  flattened ``[B, T] -> [B*T]`` inside the actor and written straight into the replay actor, and the actor's
+  ``RolloutStats`` keeps the round's statistics for the driver; a dead actor is replaced
+  (``ray.max_collector_restarts``);
 - replay: torchrl's ``RayReplayBuffer`` (one actor, 0 CPUs reserved: it only stores and samples);
 - learner: ``ray.world_size`` :class:`LearnerRank` actors, each a :class:`offpolicy.learner.Learner` that samples
   ``batch_size / world_size`` per step from the replay actor and averages its gradients with the other ranks through
