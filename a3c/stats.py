@@ -1,7 +1,8 @@
 """Run statistics in shared memory, written by the workers and the evaluator, read by worker 0 (which logs) and by
 the main process (progress bar, checkpoints, summary).
 
-Every table has exactly one writer (a worker writes only its own row; the evaluator only the eval ring), and every
+Every table has exactly one writer (a worker writes only its own row; the evaluator only the eval ring and the
+frames it is evaluating, which the supervisor clears once the evaluator has died), and every
 row has a lock that its writer holds while it writes and a reader while it reads: the lock's release and acquire
 order the stores, so a reader that sees a new episode count also sees that episode's row, on any CPU (plain stores
 to shared memory are only ordered so on x86). A worker killed with SIGKILL while it holds its lock (a window of
@@ -17,20 +18,26 @@ import torch
 
 LOCK_TIMEOUT_S = 1.0
 
-FRAMES, UPDATES, EPISODES = range(3)
+FRAMES, UPDATES, EPISODES, EVAL_WAIT_MS = range(4)
+NOT_EVALUATING = -1
 
 
 class SharedStats:
-    """Per-worker counters and episode rings, an evaluation ring, and the final evaluation."""
+    """Per-worker counters and episode rings, an evaluation ring, the evaluation in progress, and the final
+    evaluation."""
 
     def __init__(self, workers: int, episode_capacity: int = 1024, eval_capacity: int = 1024):
-        self.counters = torch.zeros(workers, 3, dtype=torch.int64).share_memory_()
-        self.resumed = torch.zeros(3, dtype=torch.int64).share_memory_()  # counts carried over from a checkpoint
+        # per worker: frames, updates, episodes, and milliseconds spent waiting for a late evaluation
+        self.counters = torch.zeros(workers, 4, dtype=torch.int64).share_memory_()
+        self.resumed = torch.zeros(4, dtype=torch.int64).share_memory_()  # counts carried over from a checkpoint
         # per worker: (score, length, frames when it ended)
         self.episodes = torch.zeros(workers, episode_capacity, 3, dtype=torch.float64).share_memory_()
-        # (frames, mean return, std, episodes); evals_written counts rows
-        self.evals = torch.zeros(eval_capacity, 4, dtype=torch.float64).share_memory_()
+        # (frames of the evaluated weights, mean return, std, episodes, frames when its result came); evals_written
+        # counts rows
+        self.evals = torch.zeros(eval_capacity, 5, dtype=torch.float64).share_memory_()
         self.evals_written = torch.zeros((), dtype=torch.int64).share_memory_()
+        # the frames of the weights being evaluated now (NOT_EVALUATING: none), read by the workers on every rollout
+        self.evaluating = torch.full((), NOT_EVALUATING, dtype=torch.int64).share_memory_()
         # (done flag, frames, mean return, std, episodes), written once by worker 0 at the end
         self.final_eval = torch.zeros(5, dtype=torch.float64).share_memory_()
         ctx = mp.get_context("spawn")  # the workers' context: the locks travel to them with this object
@@ -61,11 +68,32 @@ class SharedStats:
             ring[n % len(ring)] = row
             self.counters[rank, EPISODES] += 1
 
+    def add_eval_wait(self, rank: int, seconds: float) -> None:
+        with self._holding(self.locks[rank]):
+            self.counters[rank, EVAL_WAIT_MS] += round(seconds * 1000)
+
+    def start_eval(self, frames: int) -> None:
+        """The evaluator took the weights at ``frames`` and plays them now."""
+        self.evaluating.fill_(frames)
+
     def add_eval(self, frames: int, mean: float, std: float, episodes: int) -> None:
+        """The result of the evaluation of the weights at ``frames``; it came at the current frame count."""
+        row = torch.tensor([frames, mean, std, episodes, self.frames_unlocked], dtype=torch.float64)
         with self._holding(self.eval_lock):
             n = int(self.evals_written)
-            self.evals[n % len(self.evals)] = torch.tensor([frames, mean, std, episodes], dtype=torch.float64)
+            self.evals[n % len(self.evals)] = row
             self.evals_written += 1
+        self.evaluating.fill_(NOT_EVALUATING)
+
+    def end_eval(self) -> None:
+        """No evaluation in progress any more (stopped, or its process died): nobody waits for it."""
+        self.evaluating.fill_(NOT_EVALUATING)
+
+    def eval_behind(self, interval: int) -> bool:
+        """Whether training has gone a whole ``interval`` past the weights being evaluated (then the workers wait, so
+        an evaluation's result never comes more than one interval after its weights)."""
+        evaluating = int(self.evaluating)
+        return evaluating != NOT_EVALUATING and self.frames_unlocked >= evaluating + interval
 
     def set_final_eval(self, frames: int, mean: float, std: float, episodes: int) -> None:
         with self._holding(self.eval_lock):
@@ -73,7 +101,7 @@ class SharedStats:
 
     def restore(self, frames: int, updates: int, episodes: int) -> None:
         """Continue a resumed run's counters (call before any worker starts)."""
-        self.resumed.copy_(torch.tensor([frames, updates, episodes]))
+        self.resumed.copy_(torch.tensor([frames, updates, episodes, 0]))
 
     # --- readers ----------------------------------------------------------------------------------------------------
     def _rows(self) -> torch.Tensor:
@@ -88,8 +116,15 @@ class SharedStats:
     def frames(self) -> int:
         return int(self._rows()[:, FRAMES].sum() + self.resumed[FRAMES])
 
+    @property
+    def frames_unlocked(self) -> int:
+        """The frame count read without the row locks: what the evaluator polls (20 times a second) and schedules
+        by, so that a SIGKILL there never leaves a worker's row lock held (every later access to that row would wait
+        out ``LOCK_TIMEOUT_S``). Each counter is one aligned 8-byte word, so a read sees an old or a new count."""
+        return int(self.counters[:, FRAMES].sum() + self.resumed[FRAMES])
+
     def snapshot(self) -> dict[str, int]:
-        frames, updates, episodes = (self._rows().sum(0) + self.resumed).tolist()
+        frames, updates, episodes, _ = (self._rows().sum(0) + self.resumed).tolist()
         with self._holding(self.eval_lock):
             evals = int(self.evals_written)
         return {"frames": frames, "updates": updates, "episodes": episodes, "evals": evals}
@@ -106,8 +141,9 @@ class SharedStats:
             seen[rank] = total
         return sorted(rows, key=lambda row: row[3])
 
-    def evals_since(self, seen: int) -> tuple[list[tuple[float, float, float, float]], int]:
-        """Evaluations recorded after the first ``seen`` ones as ``(frames, mean, std, episodes)``, and the count."""
+    def evals_since(self, seen: int) -> tuple[list[tuple[float, float, float, float, float]], int]:
+        """Evaluations recorded after the first ``seen`` ones as ``(frames, mean, std, episodes, result_frames)``, and
+        the count."""
         with self._holding(self.eval_lock):
             total = int(self.evals_written)
             first = max(seen, total - len(self.evals))
@@ -116,6 +152,10 @@ class SharedStats:
     def updates_per_worker(self) -> list[int]:
         """Optimiser steps each worker has made in this session (not counting a resumed run's)."""
         return [int(c) for c in self._rows()[:, UPDATES]]
+
+    def eval_wait_s(self) -> list[float]:
+        """Seconds each worker has waited for a late evaluation in this session."""
+        return [int(c) / 1000 for c in self._rows()[:, EVAL_WAIT_MS]]
 
     def episode_counts(self) -> list[int]:
         """Episodes finished so far by each worker (the ``seen`` of :meth:`episodes_since`)."""

@@ -1,4 +1,4 @@
-"""Process supervision: start the workers and the evaluator, notice and restart dead workers, stop everything."""
+"""Process supervision: start the workers and the evaluator, notice and restart dead ones, stop everything."""
 from __future__ import annotations
 
 import sys
@@ -24,15 +24,19 @@ class WorkerPool:
         self.incarnations = [0] * cfg_dict["workers"]
         self.deaths: list[dict] = []
         self.evaluator = None
+        self.evaluator_restarts = 0
 
     def start(self) -> None:
         for rank in range(self.cfg["workers"]):
             self._start_worker(rank)
         if self.cfg["eval"]["interval_frames"] > 0:
-            self.evaluator = self.ctx.Process(
-                target=evaluator_main, name="a3c-evaluator", daemon=True,
-                args=(self.cfg, self.model, self.num_actions, self.stats, self.stop_event))
-            self.evaluator.start()
+            self._start_evaluator()
+
+    def _start_evaluator(self) -> None:
+        self.evaluator = self.ctx.Process(
+            target=evaluator_main, name="a3c-evaluator", daemon=True,
+            args=(self.cfg, self.model, self.num_actions, self.stats, self.stop_event))
+        self.evaluator.start()
 
     def _start_worker(self, rank: int) -> None:
         process = self.ctx.Process(
@@ -53,7 +57,9 @@ class WorkerPool:
         return pids
 
     def check(self) -> bool:
-        """Restart dead workers (within ``supervision.max_restarts``); True once every worker has finished."""
+        """Restart dead workers (within ``supervision.max_restarts``) and a dead evaluator (within the same number of
+        its own restarts); True once every worker has finished."""
+        self._check_evaluator()
         finished = 0
         for rank, process in list(self.workers.items()):
             if process.exitcode is None:
@@ -72,6 +78,25 @@ class WorkerPool:
                   f"{death['frames']} frames; restarting it ({self.restarts}/{budget})", file=sys.stderr, flush=True)
             self._start_worker(rank)
         return finished == len(self.workers)
+
+    def _check_evaluator(self) -> None:
+        """The evaluator returns only once stopped: an exit before that is a death. Nobody may wait for its result
+        then (the workers wait for a late evaluation); it is restarted, or past the budget periodic evaluation ends
+        while training goes on."""
+        process = self.evaluator
+        if process is None or process.exitcode is None or self.stop_event.is_set():
+            return
+        self.stats.end_eval()
+        budget = self.cfg["supervision"]["max_restarts"]
+        what = f"the evaluator (pid {process.pid}) died with exit code {process.exitcode} at {self.stats.frames} frames"
+        if self.evaluator_restarts >= budget:
+            print(f"warning: {what}; supervision.max_restarts={budget} is spent, so periodic evaluation stops "
+                  "(training goes on)", file=sys.stderr, flush=True)
+            self.evaluator = None
+            return
+        self.evaluator_restarts += 1
+        print(f"warning: {what}; restarting it ({self.evaluator_restarts}/{budget})", file=sys.stderr, flush=True)
+        self._start_evaluator()
 
     def stop(self, timeout_s: float) -> None:
         """Ask every child to stop, wait up to ``timeout_s``, then terminate and kill what is left."""

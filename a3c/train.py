@@ -123,7 +123,8 @@ def main(argv: list[str]) -> int:
     curves = plot_curves(run_dir, {"train return (all workers)": "train/return", "greedy eval return": "eval/return",
                                    "final greedy eval": "eval/final_return"},
                          title=f"A3C {cfg.env.name}: {cfg.workers} workers", xlabel="emulator frames")
-    last_evals, _ = stats.evals_since(max(0, counts["evals"] - 1))
+    all_evals, _ = stats.evals_since(0)  # this session's (the ring holds the latest 1,024)
+    last_evals = all_evals[-1:]
     recent = stats.recent_scores(100)
     summary = {
         "status": status, "error": error, "env": cfg.env.name, "workers": cfg.workers, **counts,
@@ -131,7 +132,10 @@ def main(argv: list[str]) -> int:
         "frames_per_s": (counts["frames"] - start_frames) / elapsed,
         "agent_steps_per_s": (counts["frames"] - start_frames) / cfg.env.frame_skip / elapsed,
         "train_return_last_100": sum(recent) / len(recent) if recent else None,
-        "last_eval": dict(zip(("frames", "return", "return_std", "episodes"), last_evals[-1])) if last_evals else None,
+        "last_eval": dict(zip(("frames", "return", "return_std", "episodes", "result_frames"), last_evals[-1]))
+        if last_evals else None,
+        "eval_max_lag_frames": max((e[4] - e[0] for e in all_evals), default=None),
+        "eval_wait_s": stats.eval_wait_s(), "evaluator_restarts": pool.evaluator_restarts,
         "final_eval": stats.final_evaluation(),
         "worker_updates": stats.updates_per_worker(),
         "worker_restarts": pool.restarts, "worker_deaths": pool.deaths, "pids": pool.pids(),

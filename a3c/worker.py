@@ -32,8 +32,9 @@ class Reporter:
             self.logger.log({"train/return": score, "train/episode_length": length, "a3c/episode_worker": rank},
                             step=int(frames))
         evals, self.seen_evals = self.stats.evals_since(self.seen_evals)
-        for frames, mean, std, episodes in evals:
-            self.logger.log({"eval/return": mean, "eval/return_std": std, "eval/episodes": episodes}, step=int(frames))
+        for frames, mean, std, episodes, result_frames in evals:
+            self.logger.log({"eval/return": mean, "eval/return_std": std, "eval/episodes": episodes,
+                             "eval/lag_frames": result_frames - frames}, step=int(frames))
         now = time.monotonic()
         if force or now - self.last_time >= self.interval_s:
             counts = self.stats.snapshot()
@@ -42,6 +43,14 @@ class Reporter:
                              "a3c/updates": counts["updates"], "a3c/episodes": counts["episodes"],
                              "time/elapsed_s": now - self.start}, step=counts["frames"])
             self.last_time, self.last_frames = now, counts["frames"]
+
+
+def wait_for_evaluation(rank: int, stats: SharedStats, interval: int, stop_event) -> None:
+    """Wait while training is a whole evaluation interval past the weights being evaluated; count the wait."""
+    start = time.monotonic()
+    while stats.eval_behind(interval) and not stop_event.wait(0.01):
+        pass
+    stats.add_eval_wait(rank, time.monotonic() - start)
 
 
 def worker_main(rank: int, incarnation: int, cfg_dict: dict, global_model, optimizer, num_actions: int,
@@ -65,8 +74,11 @@ def worker_main(rank: int, incarnation: int, cfg_dict: dict, global_model, optim
         logger = make_logger(cfg.logger.backend, cfg.run_dir, rank=rank, config=cfg_dict)
         reporter = Reporter(logger, stats, settings.frame_skip, cfg.logger.interval_s)
     losses: dict[str, float] = {}
+    eval_interval = cfg.eval.interval_frames
     try:
         while not stop_event.is_set() and stats.frames < cfg.total_frames:
+            if eval_interval and stats.eval_behind(eval_interval):
+                wait_for_evaluation(rank, stats, eval_interval, stop_event)
             learner.sync()
             batch, finished = rollout.collect(local)
             losses = learner.update(batch)

@@ -116,15 +116,23 @@ def test_periodic_evaluation_is_logged_and_ctrl_c_stops_everything_within_10s(tm
                         "eval.max_episode_frames=400", f"run_dir={run_dir}", log=tmp_path / "log")
     _wait_for(run_dir, proc, "eval/return", 1)  # the background evaluator's result, logged by worker 0
     pids = json.loads((run_dir / "pids.json").read_text())
+    os.kill(pids["evaluator"], signal.SIGKILL)  # a dead evaluator is noticed and replaced
+    deadline = time.monotonic() + 30
+    while "restarting it (1/" not in (tmp_path / "log").read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "log").read_text()[-2000:]
+        time.sleep(0.2)
+    evals = len(read_scalars(run_dir, "eval/return")[0])
+    _wait_for(run_dir, proc, "eval/return", evals + 1)  # the replacement evaluates
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
-    children = [pid for name, pid in pids.items() if name != "main"]
+    children = [pid for name, pid in pids.items() if name not in ("main", "evaluator")]
     deadline = time.monotonic() + 10
     while alive(children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(children), "workers still running 10 s after Ctrl-C"
     assert proc.wait(timeout=30) == 130  # then the final checkpoint, curves and summary
     summary = _summary(run_dir)
-    assert summary["status"] == "interrupted" and summary["evals"] >= 1 and summary["last_eval"]["episodes"] == 1
+    assert summary["status"] == "interrupted" and summary["evals"] >= 2 and summary["last_eval"]["episodes"] == 1
+    assert summary["evaluator_restarts"] == 1 and not alive([summary["pids"]["evaluator"]])
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["counters"]["frames"] == summary["frames"] > 0
 
@@ -139,3 +147,23 @@ def test_evaluate_cli_reports_mean_and_std_and_writes_a_video(smoke_run, tmp_pat
     assert len(report["scores"]) == 2 and report["return"] == pytest.approx(sum(report["scores"]) / 2)
     video = Path(report["video"])
     assert video.exists() and video.stat().st_size > 1000 and video.read_bytes()[4:8] == b"ftyp"
+
+
+def test_periodic_evaluations_keep_up_with_training(tmp_path):
+    """Evaluations much slower than an interval of training (4 games of up to 2,000 frames against 1,920 frames of
+    training): the workers wait for a late one, so every result comes within one interval (plus the rollouts in
+    flight: 2 workers x 320 frames) of its weights, no interval goes unevaluated, and the wait is counted. At nice 10
+    and without the wait the evaluator fell further behind with every interval."""
+    run_dir = tmp_path / "lag"
+    interval, in_flight = 1920, 2 * 2 * 20 * 4
+    result = run_module("a3c.train", *SMOKE, f"total_frames={6 * interval}", f"eval.interval_frames={interval}",
+                        "eval.episodes=4", "eval.max_episode_frames=2000", "eval.final_episodes=0", f"run_dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = _summary(run_dir)
+    # worker 0 logs the results that came before it finished; the summary counts every one
+    labels, lags = read_scalars(run_dir, "eval/lag_frames")
+    assert summary["evals"] >= len(labels) >= 4
+    assert all(0 <= lag <= interval + in_flight for lag in lags), lags
+    assert max(lags) <= summary["eval_max_lag_frames"] <= interval + in_flight
+    assert [int(frames) // interval for frames in labels] == list(range(1, len(labels) + 1))  # none skipped
+    assert sum(summary["eval_wait_s"]) > 0 and summary["evaluator_restarts"] == 0
