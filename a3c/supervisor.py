@@ -5,6 +5,7 @@ import sys
 import time
 
 from a3c.evaluate import evaluator_main
+from a3c.process import StopFlag
 from a3c.stats import SharedStats
 from a3c.worker import worker_main
 
@@ -19,7 +20,7 @@ class WorkerPool:
     def __init__(self, ctx, cfg_dict: dict, model, optimizer, num_actions: int, stats: SharedStats):
         self.ctx, self.cfg, self.model, self.optimizer = ctx, cfg_dict, model, optimizer
         self.num_actions, self.stats = num_actions, stats
-        self.stop_event = ctx.Event()
+        self.stop_event = StopFlag(ctx)
         self.workers: dict[int, object] = {}
         self.incarnations = [0] * cfg_dict["workers"]
         self.deaths: list[dict] = []

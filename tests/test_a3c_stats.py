@@ -55,3 +55,32 @@ def test_training_a_whole_interval_past_the_evaluated_weights_is_behind():
     assert not stats.eval_behind(500)
     stats.add_eval_wait(0, 1.25)
     assert stats.eval_wait_s() == [1.25] and stats.snapshot()["frames"] == 2100
+
+
+def _poll_forever(flag) -> None:
+    while True:
+        flag.is_set()
+        flag.wait(0.001)
+
+
+def test_a_child_killed_while_polling_the_stop_flag_cannot_block_the_run():
+    """The stop flag has no lock a SIGKILLed child could leave held (a multiprocessing.Event has: a killed evaluator
+    once froze a run's stop, its workers and its replacement evaluator for good)."""
+    import multiprocessing as mp
+    import os
+    import signal
+
+    from a3c.process import StopFlag
+
+    ctx = mp.get_context("spawn")
+    flag = StopFlag(ctx)
+    for _ in range(3):
+        child = ctx.Process(target=_poll_forever, args=(flag,), daemon=True)
+        child.start()
+        time.sleep(0.5)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(5)
+    start = time.monotonic()
+    assert flag.wait(0.05) is False and not flag.is_set()
+    flag.set()
+    assert flag.is_set() and flag.wait(10) is True and time.monotonic() - start < 1

@@ -114,27 +114,31 @@ def test_periodic_evaluation_is_logged_and_ctrl_c_stops_everything_within_10s(tm
     run_dir = tmp_path / "sigint"
     proc = start_module("a3c.train", *SMOKE, "total_frames=10000000", "eval.interval_frames=400",
                         "eval.max_episode_frames=400", f"run_dir={run_dir}", log=tmp_path / "log")
-    _wait_for(run_dir, proc, "eval/return", 1)  # the background evaluator's result, logged by worker 0
-    pids = json.loads((run_dir / "pids.json").read_text())
-    os.kill(pids["evaluator"], signal.SIGKILL)  # a dead evaluator is noticed and replaced
-    deadline = time.monotonic() + 30
-    while "restarting it (1/" not in (tmp_path / "log").read_text():
-        assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "log").read_text()[-2000:]
-        time.sleep(0.2)
-    evals = len(read_scalars(run_dir, "eval/return")[0])
-    _wait_for(run_dir, proc, "eval/return", evals + 1)  # the replacement evaluates
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
-    children = [pid for name, pid in pids.items() if name not in ("main", "evaluator")]
-    deadline = time.monotonic() + 10
-    while alive(children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive(children), "workers still running 10 s after Ctrl-C"
-    assert proc.wait(timeout=30) == 130  # then the final checkpoint, curves and summary
-    summary = _summary(run_dir)
-    assert summary["status"] == "interrupted" and summary["evals"] >= 2 and summary["last_eval"]["episodes"] == 1
-    assert summary["evaluator_restarts"] == 1 and not alive([summary["pids"]["evaluator"]])
-    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert ckpt["counters"]["frames"] == summary["frames"] > 0
+    try:
+        _wait_for(run_dir, proc, "eval/return", 1)  # the background evaluator's result, logged by worker 0
+        pids = json.loads((run_dir / "pids.json").read_text())
+        os.kill(pids["evaluator"], signal.SIGKILL)  # a dead evaluator is noticed and replaced
+        deadline = time.monotonic() + 30
+        while "restarting it (1/" not in (tmp_path / "log").read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "log").read_text()[-2000:]
+            time.sleep(0.2)
+        evals = len(read_scalars(run_dir, "eval/return")[0])
+        _wait_for(run_dir, proc, "eval/return", evals + 1)  # the replacement evaluates
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+        children = [pid for name, pid in pids.items() if name not in ("main", "evaluator")]
+        deadline = time.monotonic() + 10
+        while alive(children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(children), "workers still running 10 s after Ctrl-C"
+        assert proc.wait(timeout=30) == 130  # then the final checkpoint, curves and summary
+        summary = _summary(run_dir)
+        assert summary["status"] == "interrupted" and summary["evals"] >= 2 and summary["last_eval"]["episodes"] == 1
+        assert summary["evaluator_restarts"] == 1 and not alive([summary["pids"]["evaluator"]])
+        ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+        assert ckpt["counters"]["frames"] == summary["frames"] > 0
+    finally:  # a failed assertion must not leave the run's processes behind
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_evaluate_cli_reports_mean_and_std_and_writes_a_video(smoke_run, tmp_path):
