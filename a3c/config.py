@@ -7,7 +7,7 @@ from shared.config import (CONFIG_ROOT, ConfigError, Group, Rule, check_kept_on_
                            parse_overrides)
 from shared.atari import check_atari_name
 from shared.logging import BACKENDS, check_logger_backend
-from shared.models import AtariTrunk
+from shared.models import AtariActorCritic, AtariTrunk
 
 CONFIG_DIR = CONFIG_ROOT / "a3c"
 ALIASES = {"env": "env.name", "lr": "optim.lr", "arch": "model.arch"}
@@ -26,6 +26,8 @@ RULES = {
     "env.sticky_actions": Rule(min=0.0, max=1.0),
     "env.max_episode_frames": _positive_int,
     "model.arch": Rule(choices=AtariTrunk.ARCHS),
+    "model.recurrent": Rule(choices=(None, *AtariActorCritic.RECURRENT)),
+    "model.lstm_size": Rule(min=1, max=4096, integer=True),
     "workers": Rule(min=1, max=256, integer=True),
     "total_frames": _positive_int,
     "seed": Rule(min=0, integer=True),
@@ -55,7 +57,8 @@ RULES = {
 
 
 # what the checkpoint's model (its input channels and actions) and optimiser state were built for
-RESUME_KEYS = ("env.name", "env.frame_stack", "env.image_size", "env.grayscale", "model.arch", "optim.name")
+RESUME_KEYS = ("env.name", "env.frame_stack", "env.image_size", "env.grayscale", "model.arch", "model.recurrent",
+               "model.lstm_size", "optim.name")
 
 
 def load_config(argv: list[str], base: dict | None = None) -> DictConfig:
@@ -65,6 +68,9 @@ def load_config(argv: list[str], base: dict | None = None) -> DictConfig:
     if base is not None:
         check_kept_on_resume(cfg, OmegaConf.create(base), RESUME_KEYS,
                              "the checkpoint's model and optimiser state were built for it")
+    if cfg.model.recurrent and cfg.a3c.minibatches != 1:
+        raise ConfigError(f"a3c.minibatches={cfg.a3c.minibatches} is not allowed with model.recurrent="
+                          f"{cfg.model.recurrent}; allowed: 1 (the LSTM is unrolled over the whole rollout)")
     rollout = cfg.env.envs_per_worker * cfg.a3c.t_max
     if rollout % cfg.a3c.minibatches:
         raise ConfigError(f"a3c.minibatches={cfg.a3c.minibatches} must divide the rollout size "

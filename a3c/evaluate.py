@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from a3c.process import process_setup
+from a3c.rollout import reset_where
 from shared.checkpoint import load_checkpoint
 from shared.config import CONFIG_ROOT, Rule, run_cli
 from shared.atari import AtariBatch, AtariSettings
@@ -25,7 +26,8 @@ VIDEO_SCALE = 4  # agent-view frames (84x84) are upscaled for viewing
 def build_model(cfg, num_actions: int) -> AtariActorCritic:
     """The actor-critic described by a run config."""
     settings = AtariSettings.from_config(cfg.env)
-    return AtariActorCritic(num_actions, settings.channels, settings.image_size, cfg.model.arch)
+    return AtariActorCritic(num_actions, settings.channels, settings.image_size, cfg.model.arch,
+                            recurrent=cfg.model.recurrent, lstm_size=cfg.model.lstm_size)
 
 
 def eval_settings(cfg, max_episode_frames: int) -> AtariSettings:
@@ -48,6 +50,7 @@ def greedy_episodes(model: AtariActorCritic, settings: AtariSettings, episodes: 
     env = AtariBatch(settings, episodes, seed)
     scores: list[float | None] = [None] * episodes
     frames = []
+    state = model.initial_state(episodes)
     try:
         obs = env.reset()
         while any(s is None for s in scores):
@@ -55,8 +58,9 @@ def greedy_episodes(model: AtariActorCritic, settings: AtariSettings, episodes: 
                 return None
             if video_path is not None and scores[0] is None:
                 frames.append(_video_frame(obs[0], settings.grayscale))
-            logits, _ = model(torch.from_numpy(obs))
+            logits, _, state = model.step(torch.from_numpy(obs), state)
             step = env.step(logits.argmax(-1).numpy())
+            state = reset_where(state, torch.from_numpy(step.done))  # a new game or life, as in training
             obs = step.obs
             for index, score, _ in step.finished:
                 if scores[index] is None:

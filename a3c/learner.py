@@ -10,7 +10,7 @@ from torchrl.objectives import A2CLoss
 from torchrl.objectives.value import GAE
 
 from a3c.optim import copy_gradients
-from shared.models import AtariActorCritic, to_channels_last, torchrl_actor_critic
+from shared.models import AtariActorCritic, RecurrentState, to_channels_last, torchrl_actor_critic
 
 
 class A3CLearner:
@@ -25,7 +25,7 @@ class A3CLearner:
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.minibatches = minibatches
-        self.trunk, actor, critic = torchrl_actor_critic(local)
+        actor, critic = torchrl_actor_critic(local)
         # values come from the acting passes (see Rollout.collect), so GAE runs without a value network
         self.gae = GAE(gamma=gamma, lmbda=gae_lambda, value_network=None, average_gae=False)
         self.loss = A2CLoss(actor, critic, entropy_coeff=entropy_coeff, critic_coeff=critic_coeff,
@@ -39,12 +39,18 @@ class A3CLearner:
         """Load the global weights into the local model."""
         self.local.load_state_dict(self.global_model.state_dict())
 
-    def update(self, rollout: TensorDict) -> dict[str, float]:
-        """Apply one rollout (``[envs, t_max]``): one optimizer step, or one per shuffled minibatch."""
+    def update(self, rollout: TensorDict, start_state: RecurrentState | None = None) -> dict[str, float]:
+        """Apply one rollout (``[envs, t_max]``): one optimizer step, or one per shuffled minibatch (feed-forward
+        only). A recurrent model is unrolled over the rollout from ``start_state`` (truncated backprop through it)."""
         self.gae(rollout)
         # where the env forced FIRE after a lost life, the policy's sample never ran and changed nothing: its
         # log-prob term would be off-policy noise, so only the value (its target is what happened) and entropy stay
         rollout["advantage"] = rollout["advantage"].masked_fill(rollout["fire_forced"], 0.0)
+        if self.local.recurrent:
+            frames = rollout["observation"]
+            flat = to_channels_last(frames.reshape(-1, *frames.shape[2:]))
+            rollout["hidden"] = self.local.features(flat.view(frames.shape), start_state, rollout["is_init"][..., 0])
+            return self._step(rollout.reshape(-1))
         data = rollout.reshape(-1)
         if self.shuffler is None:
             return self._step(data)
@@ -58,8 +64,8 @@ class A3CLearner:
         return metrics
 
     def _step(self, batch: TensorDict) -> dict[str, float]:
-        batch["observation"] = to_channels_last(batch["observation"])
-        self.trunk(batch)  # shared features once, with grad; actor and critic heads read "hidden"
+        if "hidden" not in batch.keys():  # feed-forward: the shared features once, with grad, for both heads
+            batch["hidden"] = self.local.features(to_channels_last(batch["observation"]))
         losses = self.loss(batch)
         # A2CLoss leaves out loss_entropy (and the entropy) when entropy_coeff is 0
         total = sum(v for k, v in losses.items() if k.startswith("loss_"))

@@ -81,7 +81,7 @@ def worker_main(rank: int, incarnation: int, cfg_dict: dict, global_model, optim
                 wait_for_evaluation(rank, stats, eval_interval, stop_event)
             learner.sync()
             batch, finished = rollout.collect(local)
-            losses = learner.update(batch)
+            losses = learner.update(batch, rollout.start_state)
             for _, score, length in finished:
                 stats.add_episode(rank, score, length)
             stats.add_progress(rank, frames_per_rollout, cfg.a3c.minibatches)

@@ -101,32 +101,90 @@ def to_channels_last(frames: torch.Tensor) -> torch.Tensor:
     return frames.contiguous(memory_format=torch.channels_last)
 
 
-class AtariActorCritic(nn.Module):
-    """Shared conv trunk with a categorical policy head (logits) and a state-value head."""
+RecurrentState = tuple[torch.Tensor, torch.Tensor]  # an LSTM's (h, c), each [batch, lstm_size]
 
-    def __init__(self, num_actions: int, in_channels: int, image_size: int = 84, arch: str = "nature"):
+
+class AtariActorCritic(nn.Module):
+    """Shared conv trunk with a categorical policy head (logits) and a state-value head; with ``recurrent="lstm"`` an
+    LSTM cell of ``lstm_size`` units between the trunk and the heads (the A3C paper's recurrent agent: the small
+    trunk, then an LSTM of 256).
+
+    Acting goes through :meth:`step` (a recurrent state in and out; ``None`` for the feed-forward model), training
+    through :meth:`features` (the heads' input for a whole rollout, the LSTM unrolled over it)."""
+
+    RECURRENT = ("lstm",)
+
+    def __init__(self, num_actions: int, in_channels: int, image_size: int = 84, arch: str = "nature",
+                 recurrent: str | None = None, lstm_size: int = 256):
         super().__init__()
+        if recurrent not in (None, *self.RECURRENT):
+            raise ValueError(f"unknown recurrent core {recurrent!r}; allowed: null, {', '.join(self.RECURRENT)}")
         self.trunk = AtariTrunk(in_channels, image_size, arch)
-        self.policy_head = _orthogonal(nn.Linear(self.trunk.out_features, num_actions), 0.01)
-        self.value_head = _orthogonal(nn.Linear(self.trunk.out_features, 1), 1.0)
+        self.lstm = nn.LSTMCell(self.trunk.out_features, lstm_size) if recurrent == "lstm" else None
+        if self.lstm is not None:  # forget gate bias 1 (Jozefowicz et al. 2015), the rest zero
+            nn.init.zeros_(self.lstm.bias_ih)
+            nn.init.zeros_(self.lstm.bias_hh)
+            self.lstm.bias_ih.data[lstm_size:2 * lstm_size] = 1.0
+        width = lstm_size if self.lstm is not None else self.trunk.out_features
+        self.policy_head = _orthogonal(nn.Linear(width, num_actions), 0.01)
+        self.value_head = _orthogonal(nn.Linear(width, 1), 1.0)
+
+    @property
+    def recurrent(self) -> bool:
+        return self.lstm is not None
+
+    def initial_state(self, batch: int) -> RecurrentState | None:
+        """The state a new game (or life) starts from: zeros; ``None`` for the feed-forward model."""
+        if self.lstm is None:
+            return None
+        zeros = torch.zeros(batch, self.lstm.hidden_size)
+        return zeros, zeros.clone()
+
+    def step(self, frames: torch.Tensor, state: RecurrentState | None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                            RecurrentState | None]:
+        """One acting step on ``frames`` ``[B, C, H, W]``: ``(logits, value, next state)``."""
+        hidden = self.trunk(frames)
+        if self.lstm is not None:
+            state = self.lstm(hidden, state)
+            hidden = state[0]
+        return self.policy_head(hidden), self.value_head(hidden), state
+
+    def features(self, frames: torch.Tensor, state: RecurrentState | None = None,
+                 is_init: torch.Tensor | None = None) -> torch.Tensor:
+        """The heads' input. Feed-forward: the trunk's features of ``frames`` (any leading dims). Recurrent:
+        ``frames`` ``[E, T, C, H, W]`` is a rollout, the trunk runs on all of it at once and the LSTM is unrolled over
+        its ``T`` steps from ``state`` (where the rollout started), back to zeros before every step where ``is_init``
+        ``[E, T]`` (a new game or life): truncated backprop through time over the rollout."""
+        hidden = self.trunk(frames)
+        if self.lstm is None:
+            return hidden
+        h, c = state
+        outputs = []
+        for t in range(frames.shape[1]):
+            keep = (~is_init[:, t]).unsqueeze(-1).to(h.dtype)
+            h, c = self.lstm(hidden[:, t], (h * keep, c * keep))
+            outputs.append(h)
+        return torch.stack(outputs, 1)
 
     def forward(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits, value)`` of the feed-forward model."""
+        if self.lstm is not None:
+            raise TypeError("a recurrent AtariActorCritic acts through step() with its state")
         hidden = self.trunk(frames)
         return self.policy_head(hidden), self.value_head(hidden)
 
 
 def torchrl_actor_critic(model: AtariActorCritic):
-    """Wrap an :class:`AtariActorCritic` as torchrl modules sharing its parameters.
+    """Wrap the heads of an :class:`AtariActorCritic` as torchrl modules sharing its parameters.
 
-    Returns ``(trunk, actor, critic)``: ``trunk`` writes ``"hidden"`` from ``"observation"``; ``actor`` (a categorical
-    ``ProbabilisticActor``) and ``critic`` (a ``ValueOperator``) read ``"hidden"``, so a loss that calls both runs the
-    trunk once when ``trunk`` is applied to the batch first.
+    Returns ``(actor, critic)``: a categorical ``ProbabilisticActor`` and a ``ValueOperator``, both reading
+    ``"hidden"`` (:meth:`AtariActorCritic.features`, computed once per batch), so a loss that calls both runs the trunk
+    (and the LSTM) once.
     """
     from tensordict.nn import TensorDictModule
     from torchrl.modules import ProbabilisticActor, ValueOperator
     from torch.distributions import Categorical
 
-    trunk = TensorDictModule(model.trunk, in_keys=["observation"], out_keys=["hidden"])
     actor = ProbabilisticActor(
         TensorDictModule(model.policy_head, in_keys=["hidden"], out_keys=["logits"]),
         in_keys=["logits"],
@@ -134,7 +192,7 @@ def torchrl_actor_critic(model: AtariActorCritic):
         return_log_prob=False,
     )
     critic = ValueOperator(model.value_head, in_keys=["hidden"])
-    return trunk, actor, critic
+    return actor, critic
 
 
 def mlp(
