@@ -155,6 +155,7 @@ def _torchrl_loop(cfg_dict: dict, seconds: float, rank: int) -> float:
         with torch.no_grad():
             data["next", "state_value"] = local((data["next", "pixels"] * 255).to(torch.uint8))[1]
         data["observation"] = (data["pixels"] * 255).to(torch.uint8)
+        data["fire_forced"] = torch.zeros(*data.shape, 1, dtype=torch.bool)  # torchrl's stack forces no FIRE
         learner.update(data.unsqueeze(0))
         learner.sync()
         steps += batch
