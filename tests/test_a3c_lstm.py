@@ -1,6 +1,7 @@
 """The recurrent A3C agent (model.recurrent=lstm): its state carried per game across steps and rollouts and reset at a
 game or life end, the update's gradients against a hand-unrolled loss, the evaluator's state, and the config rules."""
 import copy
+import json
 
 import pytest
 import torch
@@ -127,25 +128,33 @@ def test_the_update_backpropagates_through_the_rollout_as_a_hand_unrolled_loss()
     assert not torch.allclose(other.global_model.lstm.weight_ih.grad, global_model.lstm.weight_ih.grad)
 
 
-def test_a_smoke_run_with_the_lstm_agent_trains_evaluates_and_resumes(tmp_path):
-    """``model.recurrent=lstm`` end to end: two workers train, the final greedy evaluation plays with the state, the
-    checkpoint holds the LSTM, and a resume keeps it; changing the core on resume, or minibatches, is refused."""
+def test_a_smoke_run_with_the_lstm_agent_trains_and_evaluates_and_its_config_is_checked(tmp_path):
+    """``model.recurrent=lstm`` end to end: two workers train and the final greedy evaluation plays with the state;
+    the checkpoint holds the LSTM. A resume may not change the core, and minibatches or an unknown core are refused
+    (config errors: one line, exit 2, checked in process here; the CLI path is the same for every key)."""
+    from omegaconf import OmegaConf
+
+    from a3c.config import load_config
     from proc import run_module
+    from shared.config import ConfigError
 
     run_dir = tmp_path / "lstm"
-    common = ("env=Pong", "workers=2", "profile=smoke", "model.recurrent=lstm", f"run_dir={run_dir}")
-    first = run_module("a3c.train", *common)
+    first = run_module("a3c.train", "env=Pong", "workers=2", "profile=smoke", "model.recurrent=lstm",
+                       f"run_dir={run_dir}")
     assert first.returncode == 0, first.stderr[-2000:]
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["model"]["lstm.weight_hh"].shape == (4 * 256, 256) and ckpt["config"]["model"]["recurrent"] == "lstm"
-    resumed = run_module("a3c.train", f"resume={run_dir}/checkpoints/last.pt", "total_frames=2560")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    refused = run_module("a3c.train", f"resume={run_dir}/checkpoints/last.pt", "model.recurrent=null")
-    assert refused.returncode == 2 and "model.recurrent" in refused.stderr
-    bad = run_module("a3c.train", "env=Pong", "model.recurrent=lstm", "a3c.minibatches=2", f"run_dir={tmp_path}/b")
-    assert bad.returncode == 2 and "a3c.minibatches=2 is not allowed with model.recurrent=lstm" in bad.stderr
-    wrong = run_module("a3c.train", "env=Pong", "model.recurrent=gru", f"run_dir={tmp_path}/c")
-    assert wrong.returncode == 2 and "model.recurrent" in wrong.stderr and "Traceback" not in wrong.stderr
+    assert ckpt["counters"]["frames"] >= 1280
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final_eval"]["episodes"] == 1
+    base = OmegaConf.to_container(OmegaConf.create(ckpt["config"]))
+    assert load_config([], base=base).model.recurrent == "lstm"  # a resume keeps it
+    with pytest.raises(ConfigError, match="model.recurrent"):
+        load_config(["model.recurrent=null"], base=base)
+    with pytest.raises(ConfigError, match="a3c.minibatches=2 is not allowed with model.recurrent=lstm"):
+        load_config(["model.recurrent=lstm", "a3c.minibatches=2"])
+    with pytest.raises(ConfigError, match="model.recurrent"):
+        load_config(["model.recurrent=gru"])
 
 
 def test_the_feed_forward_model_has_no_state():
