@@ -13,6 +13,7 @@ for good. Weights go through Ray's object store (one ``ray.put`` per publication
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -157,10 +158,8 @@ class CollectorPool:
         import ray
 
         for actor in self.actors:
-            try:
+            with contextlib.suppress(Exception):  # dead or stuck: killed below either way
                 ray.get(actor.shutdown.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - dead or stuck: killed below either way
-                pass
             ray.kill(actor)
 
     # --- failures -----------------------------------------------------------------------------------------------------
