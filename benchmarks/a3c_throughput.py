@@ -5,8 +5,15 @@
 (a) env_only       agent steps/s of W processes stepping the same Atari config with random actions
 (b) model_cost     ms of model time per agent step (acting forward + update forward/backward), W processes at once
 (c) roofline       the A3C rate (a) and (b) allow: W / (W / a + b), one core per worker
+(c') worker_split  where a worker's time goes, µs per agent step: the real Rollout and A3CLearner with timers
+                   around their parts (env, acting forward, the rest of the rollout, sync, GAE, trunk, loss,
+                   backward, gradient copy, clip, optimizer step, statistics), W processes at once like (b)
 (d) a3c            the real `python -m a3c.train` rate, steady state (start-up excluded)
 (e) torchrl_loop   the same learner fed by torchrl's Collector over GymEnv + the torchrl transform stack, same model
+(f) ikostrikov     ikostrikov/pytorch-a3c's design, W processes: one Pong game each (frame skip 4, no sticky actions),
+                   42x42 running-normalised frames, its conv + LSTMCell(256) model, 20-step rollouts, summed losses,
+                   clip 40, a shared Adam step (its train.py loop, written out here: its gym/universe/cv2 stack does
+                   not install beside this Python; torch resizes the frames instead of cv2)
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the a3c and shared packages, here and in the spawned processes
 RESULTS = REPO / "benchmarks" / "results" / "a3c_throughput.jsonl"
 
 
@@ -83,6 +91,78 @@ def _model_cost_ms(cfg_dict: dict) -> dict[str, float]:
         (logits.sum() + value.sum()).backward()
     train = (time.perf_counter() - start) / (20 * len(upd_obs))
     return {"forward": forward * 1e3, "forward_backward": train * 1e3, "total": (forward + train) * 1e3}
+
+
+def _worker_split(cfg_dict: dict, seconds: float, rank: int) -> dict[str, float]:
+    """Seconds per agent step of each part of one worker's loop (sync, rollout, update, statistics, as
+    ``a3c.worker.worker_main`` runs them): timers wrap the parts of the real objects, so the code measured is the
+    code that trains; what no timer wraps inside the update (the loss's backward, the metrics) is its residual."""
+    import collections
+
+    from omegaconf import OmegaConf
+
+    import a3c.learner
+    from a3c.evaluate import build_model
+    from a3c.learner import A3CLearner
+    from a3c.optim import make_shared_optimizer
+    from a3c.rollout import Rollout
+    from a3c.stats import SharedStats
+    from shared.atari import AtariBatch, AtariSettings
+
+    torch.set_num_threads(1)
+    cfg = OmegaConf.create(cfg_dict)
+    env = AtariBatch(AtariSettings.from_config(cfg.env), cfg.env.envs_per_worker, seed=rank)
+    global_model = build_model(cfg, env.num_actions).share_memory()
+    local = build_model(cfg, env.num_actions)
+    optimizer = make_shared_optimizer(global_model.parameters(), cfg.optim.name, cfg.optim.lr, cfg.optim.eps,
+                                      cfg.optim.rmsprop_alpha, cfg.optim.weight_decay)
+    learner = A3CLearner(local, global_model, optimizer, gamma=cfg.a3c.gamma, gae_lambda=cfg.a3c.gae_lambda,
+                         entropy_coeff=cfg.a3c.entropy_coeff, critic_coeff=cfg.a3c.critic_coeff,
+                         loss_critic_type=cfg.a3c.loss_critic_type, max_grad_norm=cfg.a3c.max_grad_norm,
+                         rollout_size=cfg.env.envs_per_worker * cfg.a3c.t_max, minibatches=cfg.a3c.minibatches)
+    rollout = Rollout(env, cfg.a3c.t_max)
+    stats = SharedStats(1)
+    totals: dict[str, float] = collections.defaultdict(float)
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[name] += time.perf_counter() - start
+        return wrapper
+
+    env.step = timed("env", env.step)
+    local.step = timed("act_forward", local.step)
+    local.features = timed("trunk", local.features)
+    learner.sync = timed("sync", learner.sync)
+    learner.gae = timed("gae", learner.gae)
+    learner.loss = timed("loss", learner.loss)
+    optimizer.step = timed("optimizer_step", optimizer.step)
+    a3c.learner.copy_gradients = timed("copy_gradients", a3c.learner.copy_gradients)
+    torch.nn.utils.clip_grad_norm_ = timed("clip", torch.nn.utils.clip_grad_norm_)
+    collect = timed("rollout", rollout.collect)
+    update = timed("update", learner.update)
+    add_progress = timed("stats", stats.add_progress)
+    steps, start = 0, None
+    while start is None or time.perf_counter() - start < seconds:
+        if start is None and steps >= 5 * cfg.env.envs_per_worker * cfg.a3c.t_max:  # warm-up excluded
+            totals.clear()
+            steps, start = 0, time.perf_counter()
+        learner.sync()
+        batch, _ = collect(local)
+        update(batch, rollout.start_state)
+        add_progress(0, cfg.env.envs_per_worker * cfg.a3c.t_max * cfg.env.frame_skip, 1)
+        steps += cfg.env.envs_per_worker * cfg.a3c.t_max
+    env.close()
+    wall = time.perf_counter() - start
+    parts = {k: v / steps for k, v in totals.items()}
+    parts["rollout_rest"] = parts.pop("rollout") - parts["env"] - parts["act_forward"]
+    timed_in_update = ("gae", "trunk", "loss", "copy_gradients", "clip", "optimizer_step")
+    parts["backward_and_rest"] = parts.pop("update") - sum(parts[k] for k in timed_in_update)
+    parts["loop_rest"] = wall / steps - sum(parts.values())
+    return parts
 
 
 def real_a3c(argv: list[str], cfg, seconds: float) -> float:
@@ -165,6 +245,95 @@ def _torchrl_loop(cfg_dict: dict, seconds: float, rank: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
+def _ikostrikov_loop(cfg_dict: dict, seconds: float, rank: int) -> float:
+    """Agent steps/s of one process running ikostrikov/pytorch-a3c's worker loop (train.py, model.py, envs.py at
+    its HEAD): sync, up to 20 single-game steps with the LSTM, n-step returns and GAE by hand, backward, clip 40,
+    gradients handed to the shared model, a shared Adam step."""
+    import ale_py
+    import gymnasium as gym
+    import torch.nn.functional as F
+    from torch import nn
+
+    from a3c.optim import SharedAdam
+
+    torch.set_num_threads(1)
+    torch.manual_seed(rank)
+
+    class ActorCritic(nn.Module):  # ikostrikov's model.py (its init does not change the cost)
+        def __init__(self, num_actions: int):
+            super().__init__()
+            self.convs = nn.ModuleList([nn.Conv2d(1 if i == 0 else 32, 32, 3, stride=2, padding=1) for i in range(4)])
+            self.lstm = nn.LSTMCell(32 * 3 * 3, 256)
+            self.critic_linear, self.actor_linear = nn.Linear(256, 1), nn.Linear(256, num_actions)
+
+        def forward(self, x, state):
+            for conv in self.convs:
+                x = F.elu(conv(x))
+            hx, cx = self.lstm(x.view(-1, 32 * 3 * 3), state)
+            return self.critic_linear(hx), self.actor_linear(hx), (hx, cx)
+
+    class Frames:  # envs.py: crop, resize to 80x80 then 42x42, grey, /255, running mean/std (alpha 0.999)
+        def __init__(self):
+            self.mean = self.std = 0.0
+            self.n = 0
+
+        def __call__(self, frame):
+            x = torch.from_numpy(frame[34:194, :160]).permute(2, 0, 1).unsqueeze(0).float()
+            x = F.interpolate(F.interpolate(x, size=(80, 80), mode="bilinear"), size=(42, 42), mode="bilinear")
+            x = x.mean(1, keepdim=True) / 255.0
+            self.n += 1
+            self.mean = self.mean * 0.999 + float(x.mean()) * 0.001
+            self.std = self.std * 0.999 + float(x.std()) * 0.001
+            scale = 1 - 0.999 ** self.n
+            return (x - self.mean / scale) / (self.std / scale + 1e-8)
+
+    gym.register_envs(ale_py)
+    env = gym.make("ALE/Pong-v5", frameskip=4, repeat_action_probability=0.0)  # = PongDeterministic-v4
+    frames = Frames()
+    state = frames(env.reset(seed=rank)[0])
+    shared, model = ActorCritic(env.action_space.n).share_memory(), ActorCritic(env.action_space.n)
+    optimizer = SharedAdam(shared.parameters(), lr=1e-4)
+    done, steps, start = True, 0, None
+    gamma, tau = 0.99, 1.0
+    while start is None or time.perf_counter() - start < seconds:
+        if start is None and steps >= 200:  # warm-up excluded
+            steps, start = 0, time.perf_counter()
+        model.load_state_dict(shared.state_dict())
+        hx, cx = (torch.zeros(1, 256), torch.zeros(1, 256)) if done else (hx.detach(), cx.detach())
+        values, log_probs, rewards, entropies = [], [], [], []
+        for _ in range(20):
+            value, logit, (hx, cx) = model(state, (hx, cx))
+            prob, log_prob = F.softmax(logit, -1), F.log_softmax(logit, -1)
+            entropies.append(-(log_prob * prob).sum(1))
+            action = prob.multinomial(1).detach()
+            obs, reward, terminated, truncated, _ = env.step(int(action))
+            done = terminated or truncated
+            state = frames(env.reset()[0] if done else obs)
+            values.append(value)
+            log_probs.append(log_prob.gather(1, action))
+            rewards.append(max(min(reward, 1), -1))
+            steps += 1
+            if done:
+                break
+        R = torch.zeros(1, 1) if done else model(state, (hx, cx))[0].detach()
+        values.append(R)
+        policy_loss = value_loss = 0
+        gae = torch.zeros(1, 1)
+        for i in reversed(range(len(rewards))):
+            R = gamma * R + rewards[i]
+            value_loss = value_loss + 0.5 * (R - values[i]).pow(2)
+            gae = gae * gamma * tau + rewards[i] + gamma * values[i + 1].detach() - values[i].detach()
+            policy_loss = policy_loss - log_probs[i] * gae - 0.01 * entropies[i]
+        optimizer.zero_grad()
+        (policy_loss + 0.5 * value_loss).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 40)
+        for param, shared_param in zip(model.parameters(), shared.parameters()):
+            shared_param.grad = param.grad
+        optimizer.step()
+    env.close()
+    return steps / (time.perf_counter() - start)
+
+
 def _parallel(fn, cfg_dict: dict, seconds: float, workers: int) -> float:
     with mp.get_context("spawn").Pool(workers) as pool:
         return sum(pool.starmap(fn, [(cfg_dict, seconds, rank) for rank in range(workers)]))
@@ -194,10 +363,18 @@ def main() -> None:
          forward_backward_ms=round(cost["forward_backward"], 4), **setting)
     roofline = workers / (workers / env_rate + cost["total"] / 1e3)
     emit("roofline", roofline, "agent_steps/s", **setting)
+    with mp.get_context("spawn").Pool(workers) as pool:
+        splits = pool.starmap(_worker_split, [(cfg_dict, seconds, rank) for rank in range(workers)])
+    for part in splits[0]:
+        emit(f"worker_split/{part}", sum(s[part] for s in splits) / workers * 1e6, "us/agent_step", **setting)
+    total = sum(sum(s.values()) for s in splits) / workers
+    emit("worker_split/rate", workers / total, "agent_steps/s", **setting)
     a3c = real_a3c(args, cfg, seconds)
     emit("a3c", a3c, "agent_steps/s", fraction_of_roofline=round(a3c / roofline, 3), **setting)
     torchrl_rate = _parallel(_torchrl_loop, cfg_dict, seconds, workers)
     emit("torchrl_loop", torchrl_rate, "agent_steps/s", a3c_speedup=round(a3c / torchrl_rate, 2), **setting)
+    ikostrikov_rate = _parallel(_ikostrikov_loop, cfg_dict, seconds, workers)
+    emit("ikostrikov", ikostrikov_rate, "agent_steps/s", a3c_speedup=round(a3c / ikostrikov_rate, 2), **setting)
 
 
 if __name__ == "__main__":

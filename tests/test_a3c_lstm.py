@@ -64,6 +64,27 @@ def test_the_state_is_carried_per_game_and_reset_at_a_game_or_life_end():
         torch.testing.assert_close(start[1], expected[1])
 
 
+def test_the_update_sees_the_states_the_agent_acted_with():
+    """The learner's unroll of a real rollout (Breakout: lives are lost inside it) reproduces the acting pass: from
+    ``start_state``, with the resets at ``is_init``, the values it computes are the ones the agent recorded while
+    acting, step by step, across three consecutive rollouts. A mismatch would train the policy on states it never
+    acted in."""
+    model = lstm_model(num_actions=4)
+    env = AtariBatch(AtariSettings(name="Breakout", image_size=SIZE, frame_stack=CHANNELS), ENVS, seed=1)
+    rollout = Rollout(env, t_max=60)
+    resets = 0
+    try:
+        for _ in range(3):
+            batch, _ = rollout.collect(model)
+            resets += int(batch["is_init"][:, 1:].sum())
+            with torch.no_grad():
+                hidden = model.features(batch["observation"], rollout.start_state, batch["is_init"][..., 0])
+                torch.testing.assert_close(model.value_head(hidden), batch["state_value"], rtol=1e-4, atol=1e-5)
+    finally:
+        env.close()
+    assert resets > 0  # the resets inside the rollouts were exercised
+
+
 def recurrent_rollout(seed: int) -> tuple[TensorDict, tuple[torch.Tensor, torch.Tensor]]:
     """A rollout with the layout Rollout.collect produces (random data; resets inside it) and a start state."""
     g = torch.Generator().manual_seed(seed)

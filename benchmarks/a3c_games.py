@@ -1,0 +1,105 @@
+"""A3C on Atari games at the default config, each for a fixed wall-clock budget, alone on the machine (a figure, not a
+test). Per game: ``python -m a3c.train env=GAME workers=2 seed=SEED``, stopped with Ctrl-C after ``minutes`` (it
+saves its checkpoint), then ``python -m a3c.evaluate`` of that checkpoint over ``episodes`` greedy whole games. Prints
+one JSON line per game, with RL Baselines3 Zoo's A2C score at 10M agent steps (40M frames) beside it.
+
+    python benchmarks/a3c_games.py [games=Breakout,SpaceInvaders,Seaquest] [minutes=40] [seed=0] [episodes=10]
+                                   [out=runs/games]
+    python benchmarks/a3c_games.py report=RUN_DIR[,RUN_DIR...]     # the lines of runs already made
+
+Run it alone: a test suite or benchmark beside it takes cores from the workers and changes every wall-clock figure.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from shared.logging import read_scalars  # noqa: E402
+
+# DLR-RM/rl-baselines3-zoo, benchmark.md ("Performance of trained agents"): A2C on <Game>NoFrameskip-v4 after 10M
+# steps, mean and std of the episode score over its evaluation (one training run each, stochastic policy on Atari)
+RL_ZOO_A2C = {"Pong": (17.292, 3.214), "Breakout": (279.793, 122.177), "SpaceInvaders": (627.160, 201.974),
+              "Seaquest": (1721.493, 105.339)}
+
+
+def scalars(run_dir: Path, name: str) -> tuple[list[float], list[float]]:
+    """A metric of a run directory, or of a results copy that keeps ``scalars/`` at its top."""
+    steps, values = read_scalars(run_dir, name)
+    if not steps and (run_dir / "scalars").is_dir():
+        for line in (run_dir / "scalars" / f"{name}.csv").read_text().splitlines():
+            step, value = line.split(",")
+            steps.append(float(step))
+            values.append(float(value))
+    return steps, values
+
+
+def report(run_dir: Path) -> dict:
+    """One game's figures: frames and minutes trained, the final greedy score, the periodic evaluations' best, and
+    the first periodic evaluation at or above the RL Zoo A2C score (frames of its weights, minutes at those frames)."""
+    import numpy as np
+    import yaml
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    game = summary["env"]
+    frames, returns = scalars(run_dir, "eval/return")
+    clock_frames, elapsed = scalars(run_dir, "time/elapsed_s")
+    minutes = [float(m) / 60 for m in np.interp(frames, clock_frames, elapsed)] if clock_frames else []
+    evaluation = run_dir / "evaluation.json"
+    final = json.loads(evaluation.read_text()) if evaluation.exists() else summary.get("final_eval")
+    anchor = RL_ZOO_A2C.get(game)
+    reached = next(((f, m) for f, m, r in zip(frames, minutes, returns) if anchor and r >= anchor[0]), None)
+    best = int(np.argmax(returns)) if returns else None
+    return {
+        "bench": "a3c_games", "game": game, "seed": config["seed"],
+        "frames": summary["frames"], "minutes": round(summary["wall_time_s"] / 60, 1),
+        "agent_steps_per_s": round(summary["agent_steps_per_s"]),
+        "greedy_return": None if final is None else round(final["return"], 1),
+        "greedy_return_std": None if final is None else round(final["return_std"], 1),
+        "greedy_games": None if final is None else int(final["episodes"]),
+        "train_return_last_100": summary["train_return_last_100"],
+        "best_periodic_eval": None if best is None else round(returns[best], 1),
+        "best_periodic_eval_frames": None if best is None else int(frames[best]),
+        "rl_zoo_a2c_10M_steps": None if anchor is None else anchor[0],
+        "rl_zoo_a2c_std": None if anchor is None else anchor[1],
+        "first_eval_at_rl_zoo_frames": None if reached is None else int(reached[0]),
+        "first_eval_at_rl_zoo_minutes": None if reached is None else round(reached[1], 1),
+    }
+
+
+def train_and_evaluate(game: str, minutes: float, seed: int, episodes: int, run_dir: Path) -> None:
+    train = subprocess.Popen([sys.executable, "-m", "a3c.train", f"env={game}", "workers=2", f"seed={seed}",
+                              f"run_dir={run_dir}"], cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        train.wait(timeout=minutes * 60)
+    except subprocess.TimeoutExpired:
+        train.send_signal(signal.SIGINT)  # Ctrl-C: the run stops cleanly and saves its checkpoint
+        train.wait()
+    subprocess.run([sys.executable, "-m", "a3c.evaluate", f"checkpoint={run_dir}/checkpoints/last.pt",
+                    f"episodes={episodes}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+
+
+def main(argv: list[str]) -> None:
+    options = dict(a.split("=", 1) for a in argv if "=" in a)
+    if "report" in options:
+        for run_dir in options["report"].split(","):
+            print(json.dumps(report(Path(run_dir))), flush=True)
+        return
+    out = Path(options.get("out", "runs/games"))
+    seed = int(options.get("seed", 0))
+    for game in options.get("games", "Breakout,SpaceInvaders,Seaquest").split(","):
+        run_dir = out / f"{game}-seed{seed}"
+        start = time.time()
+        train_and_evaluate(game, float(options.get("minutes", 40)), seed, int(options.get("episodes", 10)), run_dir)
+        print(json.dumps({**report(run_dir), "total_minutes": round((time.time() - start) / 60, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
