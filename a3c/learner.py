@@ -35,6 +35,17 @@ class A3CLearner:
             self.shuffler = ReplayBuffer(storage=LazyTensorStorage(rollout_size), sampler=SamplerWithoutReplacement(),
                                          batch_size=rollout_size // minibatches)
 
+    @classmethod
+    def from_config(cls, cfg, local: AtariActorCritic, global_model: AtariActorCritic,
+                    optimizer: torch.optim.Optimizer) -> "A3CLearner":
+        """The learner of a run's config (its ``a3c`` section, the rollout size of ``env.envs_per_worker`` games x
+        ``a3c.t_max`` steps)."""
+        a3c = cfg.a3c
+        return cls(local, global_model, optimizer, gamma=a3c.gamma, gae_lambda=a3c.gae_lambda,
+                   entropy_coeff=a3c.entropy_coeff, critic_coeff=a3c.critic_coeff,
+                   loss_critic_type=a3c.loss_critic_type, max_grad_norm=a3c.max_grad_norm,
+                   rollout_size=cfg.env.envs_per_worker * a3c.t_max, minibatches=a3c.minibatches)
+
     def sync(self) -> None:
         """Load the global weights into the local model."""
         self.local.load_state_dict(self.global_model.state_dict())

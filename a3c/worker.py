@@ -63,10 +63,7 @@ def worker_main(rank: int, incarnation: int, cfg_dict: dict, global_model, optim
     settings = AtariSettings.from_config(cfg.env)
     env = AtariBatch(settings, cfg.env.envs_per_worker, seed)
     local = build_model(cfg, num_actions)
-    learner = A3CLearner(local, global_model, optimizer, gamma=cfg.a3c.gamma, gae_lambda=cfg.a3c.gae_lambda,
-                         entropy_coeff=cfg.a3c.entropy_coeff, critic_coeff=cfg.a3c.critic_coeff,
-                         loss_critic_type=cfg.a3c.loss_critic_type, max_grad_norm=cfg.a3c.max_grad_norm,
-                         rollout_size=cfg.env.envs_per_worker * cfg.a3c.t_max, minibatches=cfg.a3c.minibatches)
+    learner = A3CLearner.from_config(cfg, local, global_model, optimizer)
     rollout = Rollout(env, cfg.a3c.t_max)
     frames_per_rollout = cfg.env.envs_per_worker * cfg.a3c.t_max * settings.frame_skip
     reporter = None

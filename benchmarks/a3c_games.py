@@ -29,17 +29,6 @@ RL_ZOO_A2C = {"Pong": (17.292, 3.214), "Breakout": (279.793, 122.177), "SpaceInv
               "Seaquest": (1721.493, 105.339)}
 
 
-def scalars(run_dir: Path, name: str) -> tuple[list[float], list[float]]:
-    """A metric of a run directory, or of a results copy that keeps ``scalars/`` at its top."""
-    steps, values = read_scalars(run_dir, name)
-    if not steps and (run_dir / "scalars").is_dir():
-        for line in (run_dir / "scalars" / f"{name}.csv").read_text().splitlines():
-            step, value = line.split(",")
-            steps.append(float(step))
-            values.append(float(value))
-    return steps, values
-
-
 def report(run_dir: Path) -> dict:
     """One game's figures: frames and minutes trained, the final greedy score, the periodic evaluations' best, and
     the first periodic evaluation at or above the RL Zoo A2C score (frames of its weights, minutes at those frames)."""
@@ -49,8 +38,8 @@ def report(run_dir: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     game = summary["env"]
-    frames, returns = scalars(run_dir, "eval/return")
-    clock_frames, elapsed = scalars(run_dir, "time/elapsed_s")
+    frames, returns = read_scalars(run_dir, "eval/return")
+    clock_frames, elapsed = read_scalars(run_dir, "time/elapsed_s")
     minutes = [float(m) / 60 for m in np.interp(frames, clock_frames, elapsed)] if clock_frames else []
     evaluation = run_dir / "evaluation.json"
     final = json.loads(evaluation.read_text()) if evaluation.exists() else summary.get("final_eval")

@@ -116,10 +116,7 @@ def _worker_split(cfg_dict: dict, seconds: float, rank: int) -> dict[str, float]
     local = build_model(cfg, env.num_actions)
     optimizer = make_shared_optimizer(global_model.parameters(), cfg.optim.name, cfg.optim.lr, cfg.optim.eps,
                                       cfg.optim.rmsprop_alpha, cfg.optim.weight_decay)
-    learner = A3CLearner(local, global_model, optimizer, gamma=cfg.a3c.gamma, gae_lambda=cfg.a3c.gae_lambda,
-                         entropy_coeff=cfg.a3c.entropy_coeff, critic_coeff=cfg.a3c.critic_coeff,
-                         loss_critic_type=cfg.a3c.loss_critic_type, max_grad_norm=cfg.a3c.max_grad_norm,
-                         rollout_size=cfg.env.envs_per_worker * cfg.a3c.t_max, minibatches=cfg.a3c.minibatches)
+    learner = A3CLearner.from_config(cfg, local, global_model, optimizer)
     rollout = Rollout(env, cfg.a3c.t_max)
     stats = SharedStats(1)
     totals: dict[str, float] = collections.defaultdict(float)
@@ -215,10 +212,7 @@ def _torchrl_loop(cfg_dict: dict, seconds: float, rank: int) -> float:
     local = build_model(cfg, env.action_spec.space.n)
     optimizer = make_shared_optimizer(global_model.parameters(), cfg.optim.name, cfg.optim.lr, cfg.optim.eps,
                                       cfg.optim.rmsprop_alpha, cfg.optim.weight_decay)
-    learner = A3CLearner(local, global_model, optimizer, gamma=cfg.a3c.gamma, gae_lambda=cfg.a3c.gae_lambda,
-                         entropy_coeff=cfg.a3c.entropy_coeff, critic_coeff=cfg.a3c.critic_coeff,
-                         loss_critic_type=cfg.a3c.loss_critic_type, max_grad_norm=cfg.a3c.max_grad_norm,
-                         rollout_size=cfg.env.envs_per_worker * cfg.a3c.t_max)
+    learner = A3CLearner.from_config(cfg, local, global_model, optimizer)
 
     def act(pixels):
         logits, value = local((pixels * 255).to(torch.uint8))

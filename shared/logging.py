@@ -100,8 +100,11 @@ def flat_hparams(tree: dict, prefix: str = "") -> dict:
 
 
 def read_scalars(run_dir: str | Path, name: str) -> tuple[list[float], list[float]]:
-    """Read one CSV metric (``train/return``) back as ``(steps, values)``; empty lists if it was never logged."""
+    """Read one CSV metric (``train/return``) back as ``(steps, values)``, from a run directory or from a results copy
+    that keeps ``scalars/`` at its top (benchmarks/results/); empty lists if it was never logged."""
     path = Path(run_dir) / LOG_SUBDIR / "scalars" / f"{name}.csv"
+    if not path.exists():
+        path = Path(run_dir) / "scalars" / f"{name}.csv"
     steps: list[float] = []
     values: list[float] = []
     if path.exists():

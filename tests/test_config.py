@@ -38,7 +38,8 @@ def test_bad_values_raise_one_line_naming_the_key(arg, fragment):
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("args", [["workers=0"], ["env=NoSuchGame"], ["lr=abc"], ["resume=/no/such/file.pt"]])
+# the messages of bad values are checked in process above; here the real CLI turns one into a line and exit 2
+@pytest.mark.parametrize("args", [["workers=0"], ["resume=/no/such/file.pt"]])
 def test_cli_prints_one_error_line_and_exits_2(args, tmp_path):
     result = run_module("a3c.train", *args, f"run_dir={tmp_path / 'run'}", timeout=60)
     assert result.returncode == 2
@@ -47,11 +48,13 @@ def test_cli_prints_one_error_line_and_exits_2(args, tmp_path):
     assert not (tmp_path / "run").exists()  # nothing was started
 
 
-def test_help_prints_the_config_reference():
-    result = run_module("a3c.train", "--help", timeout=60)
-    assert result.returncode == 0
-    assert "usage: python -m a3c.train" in result.stdout and "profile=: smoke" in result.stdout
-    assert "t_max:" in result.stdout and "# agent steps per env per rollout" in result.stdout
+def test_help_prints_the_config_reference(capsys):
+    from a3c.train import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: python -m a3c.train" in out and "profile=: smoke" in out
+    assert "t_max:" in out and "# agent steps per env per rollout" in out
 
 
 def test_resumed_config_is_the_checkpoint_config_with_overrides():

@@ -89,13 +89,16 @@ def test_plan_prints_lines_and_json():
     assert any(line.startswith("env step, envpool: batch 1 ") for line in lines)
 
 
-def test_plan_without_measuring():
-    result = run_module("offpolicy.plan", "algo=dqn", "profile=smoke", "measure=false", timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "timing" not in json.loads(result.stdout.strip().splitlines()[-1])
-    bad = run_module("offpolicy.plan", "algo=dqn", "measure=maybe", timeout=60)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == \
-        "error: measure='maybe' is not allowed; allowed: true, false"
+def test_plan_without_measuring(capsys):
+    from offpolicy.plan import main
+    from shared.config import run_cli
+
+    assert main(["algo=dqn", "profile=smoke", "measure=false"]) == 0
+    assert "timing" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    with pytest.raises(SystemExit) as exited:
+        run_cli(main, ["algo=dqn", "measure=maybe"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: measure='maybe' is not allowed; allowed: true, false"]
 
 
 def test_suite_records_every_failure(tmp_path):
