@@ -43,6 +43,7 @@ RULES = {
     "optim.lr": Rule(min=1e-12, max=1.0),
     "optim.eps": Rule(min=0.0),
     "optim.rmsprop_alpha": Rule(min=0.0, max=1.0),
+    "optim.rmsprop_initial_square_avg": _non_negative,
     "optim.weight_decay": _non_negative,
     "eval.interval_frames": Rule(min=0, integer=True),
     "eval.episodes": _positive_int,

@@ -13,14 +13,15 @@ from torch import nn
 
 
 class _SharedStateMixin:
-    def _init_shared_state(self) -> None:
+    def _init_shared_state(self, initial: dict[str, float] | None = None) -> None:
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state[p]
                 # torch keeps `step` as a float32 scalar tensor on CPU; shared, so every worker counts the same steps
                 state["step"] = torch.zeros((), dtype=torch.float32)
                 for name in self._state_buffers(group):
-                    state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state[name] = torch.full_like(p, (initial or {}).get(name, 0.0),
+                                                  memory_format=torch.preserve_format)
         self.share_memory()
 
     def share_memory(self) -> "_SharedStateMixin":
@@ -48,11 +49,16 @@ class SharedAdam(_SharedStateMixin, torch.optim.Adam):
 
 
 class SharedRMSprop(_SharedStateMixin, torch.optim.RMSprop):
-    """``torch.optim.RMSprop`` (the A3C paper's optimizer) with its statistics in shared memory."""
+    """``torch.optim.RMSprop`` (the A3C paper's optimizer) with its statistics in shared memory.
 
-    def __init__(self, params: Iterable[nn.Parameter], **kwargs):
+    ``initial_square_avg``: where the running average of squared gradients starts. torch starts it at 0, so the
+    first steps divide by ``sqrt(1 - alpha^k)`` of the gradient's size: ~10x ``lr`` and sign-like at ``alpha`` 0.99.
+    TensorFlow's RMSProp (OpenAI baselines' A2C/ACKTR, whose lr 7e-4 and alpha 0.99 these defaults are) starts it at 1,
+    so its first steps are small and it warms up over ~1/(1 - alpha) steps."""
+
+    def __init__(self, params: Iterable[nn.Parameter], initial_square_avg: float = 0.0, **kwargs):
         super().__init__(params, **kwargs)
-        self._init_shared_state()
+        self._init_shared_state({"square_avg": initial_square_avg})
 
     def _state_buffers(self, group) -> list[str]:
         names = ["square_avg"]
@@ -63,14 +69,14 @@ class SharedRMSprop(_SharedStateMixin, torch.optim.RMSprop):
         return names
 
 
-def make_shared_optimizer(params: Iterable[nn.Parameter], name: str, lr: float, eps: float, alpha: float,
-                          weight_decay: float) -> torch.optim.Optimizer:
-    """Build SharedAdam or SharedRMSprop from the ``optim`` config section."""
-    if name == "adam":
-        return SharedAdam(params, lr=lr, eps=eps, weight_decay=weight_decay)
-    if name == "rmsprop":
-        return SharedRMSprop(params, lr=lr, eps=eps, alpha=alpha, weight_decay=weight_decay)
-    raise ValueError(f"optim.name={name!r}; allowed: adam, rmsprop")
+def make_shared_optimizer(params: Iterable[nn.Parameter], optim) -> torch.optim.Optimizer:
+    """SharedAdam or SharedRMSprop from the ``optim`` config section."""
+    if optim.name == "adam":
+        return SharedAdam(params, lr=optim.lr, eps=optim.eps, weight_decay=optim.weight_decay)
+    if optim.name == "rmsprop":
+        return SharedRMSprop(params, lr=optim.lr, eps=optim.eps, alpha=optim.rmsprop_alpha,
+                             weight_decay=optim.weight_decay, initial_square_avg=optim.rmsprop_initial_square_avg)
+    raise ValueError(f"optim.name={optim.name!r}; allowed: adam, rmsprop")
 
 
 def copy_gradients(local: nn.Module, global_model: nn.Module) -> None:

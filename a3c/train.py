@@ -72,8 +72,7 @@ def main(argv: list[str]) -> int:
     num_actions = probe.num_actions
     probe.close()
     model = build_model(cfg, num_actions).share_memory()
-    optimizer = make_shared_optimizer(model.parameters(), cfg.optim.name, cfg.optim.lr, cfg.optim.eps,
-                                      cfg.optim.rmsprop_alpha, cfg.optim.weight_decay)
+    optimizer = make_shared_optimizer(model.parameters(), cfg.optim)
     stats = SharedStats(cfg.workers)
     if ckpt:
         model.load_state_dict(ckpt["model"])

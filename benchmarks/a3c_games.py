@@ -4,8 +4,11 @@ saves its checkpoint), then ``python -m a3c.evaluate`` of that checkpoint over `
 one JSON line per game, with RL Baselines3 Zoo's A2C score at 10M agent steps (40M frames) beside it.
 
     python benchmarks/a3c_games.py [games=Breakout,SpaceInvaders,Seaquest] [minutes=40] [seed=0] [episodes=10]
-                                   [out=runs/games]
-    python benchmarks/a3c_games.py report=RUN_DIR[,RUN_DIR...]     # the lines of runs already made
+                                   [out=runs/games] [stop_at=SCORE]
+    python benchmarks/a3c_games.py report=RUN_DIR[,RUN_DIR...] [stop_at=SCORE]  # the lines of runs already made
+
+``stop_at`` (Pong's time to 18: ``games=Pong stop_at=18``) ends a run at its first periodic greedy evaluation at or
+above that score, and the lines then say when that was (``first_eval_at_target_*``).
 
 Run it alone: a test suite or benchmark beside it takes cores from the workers and changes every wall-clock figure.
 """
@@ -31,7 +34,8 @@ RL_ZOO_A2C = {"Pong": (17.292, 3.214), "Breakout": (279.793, 122.177), "SpaceInv
 
 def report(run_dir: Path) -> dict:
     """One game's figures: frames and minutes trained, the final greedy score, the periodic evaluations' best, and
-    the first periodic evaluation at or above the RL Zoo A2C score (frames of its weights, minutes at those frames)."""
+    the first periodic evaluation at or above the RL Zoo A2C score and at or above ``target`` (frames of its weights,
+    minutes at those frames)."""
     import numpy as np
     import yaml
 
@@ -44,7 +48,8 @@ def report(run_dir: Path) -> dict:
     evaluation = run_dir / "evaluation.json"
     final = json.loads(evaluation.read_text()) if evaluation.exists() else summary.get("final_eval")
     anchor = RL_ZOO_A2C.get(game)
-    reached = next(((f, m) for f, m, r in zip(frames, minutes, returns) if anchor and r >= anchor[0]), None)
+    reached = first_at(frames, minutes, returns, anchor[0] if anchor else None)
+    at_target = first_at(frames, minutes, returns, target)
     best = int(np.argmax(returns)) if returns else None
     return {
         "bench": "a3c_games", "game": game, "seed": config["seed"],
@@ -60,15 +65,28 @@ def report(run_dir: Path) -> dict:
         "rl_zoo_a2c_std": None if anchor is None else anchor[1],
         "first_eval_at_rl_zoo_frames": None if reached is None else int(reached[0]),
         "first_eval_at_rl_zoo_minutes": None if reached is None else round(reached[1], 1),
+        **({} if target is None else {
+            "target": target, "first_eval_at_target_frames": None if at_target is None else int(at_target[0]),
+            "first_eval_at_target_minutes": None if at_target is None else round(at_target[1], 1)}),
     }
 
 
-def train_and_evaluate(game: str, minutes: float, seed: int, episodes: int, run_dir: Path) -> None:
+def first_at(frames, minutes, returns, score: float | None) -> tuple[float, float] | None:
+    """``(frames, minutes)`` of the first periodic evaluation at or above ``score`` (None: never, or no score)."""
+    return next(((f, m) for f, m, r in zip(frames, minutes, returns) if score is not None and r >= score), None)
+
+
+def train_and_evaluate(game: str, minutes: float, seed: int, episodes: int, run_dir: Path,
+                       stop_at: float | None = None) -> None:
+    """Train for ``minutes`` (or until a periodic evaluation reaches ``stop_at``), then evaluate the checkpoint."""
     train = subprocess.Popen([sys.executable, "-m", "a3c.train", f"env={game}", "workers=2", f"seed={seed}",
                               f"run_dir={run_dir}"], cwd=ROOT, stdout=subprocess.DEVNULL)
-    try:
-        train.wait(timeout=minutes * 60)
-    except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + minutes * 60
+    while train.poll() is None and time.monotonic() < deadline:
+        time.sleep(5)
+        if stop_at is not None and any(r >= stop_at for r in read_scalars(run_dir, "eval/return")[1]):
+            break
+    if train.poll() is None:
         train.send_signal(signal.SIGINT)  # Ctrl-C: the run stops cleanly and saves its checkpoint
         train.wait()
     subprocess.run([sys.executable, "-m", "a3c.evaluate", f"checkpoint={run_dir}/checkpoints/last.pt",
@@ -77,17 +95,20 @@ def train_and_evaluate(game: str, minutes: float, seed: int, episodes: int, run_
 
 def main(argv: list[str]) -> None:
     options = dict(a.split("=", 1) for a in argv if "=" in a)
+    stop_at = float(options["stop_at"]) if "stop_at" in options else None
     if "report" in options:
         for run_dir in options["report"].split(","):
-            print(json.dumps(report(Path(run_dir))), flush=True)
+            print(json.dumps(report(Path(run_dir), stop_at)), flush=True)
         return
     out = Path(options.get("out", "runs/games"))
     seed = int(options.get("seed", 0))
     for game in options.get("games", "Breakout,SpaceInvaders,Seaquest").split(","):
         run_dir = out / f"{game}-seed{seed}"
         start = time.time()
-        train_and_evaluate(game, float(options.get("minutes", 40)), seed, int(options.get("episodes", 10)), run_dir)
-        print(json.dumps({**report(run_dir), "total_minutes": round((time.time() - start) / 60, 1)}), flush=True)
+        train_and_evaluate(game, float(options.get("minutes", 40)), seed, int(options.get("episodes", 10)), run_dir,
+                           stop_at)
+        print(json.dumps({**report(run_dir, stop_at), "total_minutes": round((time.time() - start) / 60, 1)}),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -114,8 +114,7 @@ def _worker_split(cfg_dict: dict, seconds: float, rank: int) -> dict[str, float]
     env = AtariBatch(AtariSettings.from_config(cfg.env), cfg.env.envs_per_worker, seed=rank)
     global_model = build_model(cfg, env.num_actions).share_memory()
     local = build_model(cfg, env.num_actions)
-    optimizer = make_shared_optimizer(global_model.parameters(), cfg.optim.name, cfg.optim.lr, cfg.optim.eps,
-                                      cfg.optim.rmsprop_alpha, cfg.optim.weight_decay)
+    optimizer = make_shared_optimizer(global_model.parameters(), cfg.optim)
     learner = A3CLearner.from_config(cfg, local, global_model, optimizer)
     rollout = Rollout(env, cfg.a3c.t_max)
     stats = SharedStats(1)
@@ -210,8 +209,7 @@ def _torchrl_loop(cfg_dict: dict, seconds: float, rank: int) -> float:
                 CatFrames(N=cfg.env.frame_stack, dim=-3)))
     global_model = build_model(cfg, env.action_spec.space.n)
     local = build_model(cfg, env.action_spec.space.n)
-    optimizer = make_shared_optimizer(global_model.parameters(), cfg.optim.name, cfg.optim.lr, cfg.optim.eps,
-                                      cfg.optim.rmsprop_alpha, cfg.optim.weight_decay)
+    optimizer = make_shared_optimizer(global_model.parameters(), cfg.optim)
     learner = A3CLearner.from_config(cfg, local, global_model, optimizer)
 
     def act(pixels):

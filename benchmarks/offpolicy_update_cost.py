@@ -1,8 +1,10 @@
 """Where the time of one off-policy iteration goes (a figure, not a test): CPU milliseconds per replay sample, loss
 forward (and how much of it is matrix multiplies), backward, optimiser step and target update at batch 256 with
 256x256 MLPs, plus one collection step (policy + env), for each algorithm, built by the same builders as a training
-run; then one whole update (loss, backward, optimiser steps) in wall-clock ms, and the engine's learner step (its
-chunked samples, checks, clips and target update) eager and, with ``compile=true``, compiled (``compile.enabled=true``:
+run; then one whole update (loss, backward, optimiser steps) in wall-clock ms, the engine's learner step (its
+chunked samples, checks, clips and target update) and, beside it, benchmarks/offpolicy_reference.py's update of the
+same algorithm on the same transitions (plain PyTorch; ``learner_to_reference``: above 1, the engine's step is
+slower), eager and, with ``compile=true``, the learner step compiled (``compile.enabled=true``:
 the learner's own compiled step, with its compile time and the recompilations after warm-up, which should be 0).
 
     nice -n 5 python benchmarks/offpolicy_update_cost.py [algo ...] [threads=1] [compile=false] [deactivate_vmap=true]
@@ -18,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # offpolicy_reference.py
 
 import torch  # noqa: E402
 
@@ -55,6 +58,34 @@ def _wall_ms(fn, n: int) -> float:
     for _ in range(n):
         fn()
     return (time.perf_counter() - start) / n * 1000
+
+
+def _reference_update(algo: str, cfg, transitions):
+    """benchmarks/offpolicy_reference.py's update (plain PyTorch, the CleanRL way) for the same algorithm, batch and
+    networks, on a ring buffer holding the same transitions: the same work as one learner step, without the engine."""
+    import gymnasium as gym
+
+    import offpolicy_reference as reference
+
+    env = gym.make(ENVS[algo])
+    obs, next_obs = transitions["observation"], transitions["next", "observation"]
+    action = transitions["action"]
+    discrete = algo == "dqn"
+    if discrete:
+        action = action.argmax(-1)  # one-hot (torchrl) -> the index the reference stores
+    rb = reference.Replay(len(obs), obs.shape[-1], tuple(action.shape[1:]), action.dtype)
+    rb.obs.copy_(obs)
+    rb.next_obs.copy_(next_obs)
+    rb.action.copy_(action)
+    rb.reward.copy_(transitions["next", "reward"].reshape(-1))
+    rb.terminated.copy_(transitions["next", "terminated"].reshape(-1).float())
+    rb.pos, rb.full = 0, True
+    hidden = tuple(cfg.model.hidden)
+    if discrete:
+        _, update = reference.dqn(env, rb, cfg.optim.batch_size, hidden, utd=1.0)
+    else:
+        _, update = getattr(reference, algo)(env, rb, cfg.optim.batch_size, hidden)
+    return update
 
 
 def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
@@ -103,6 +134,8 @@ def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
         # the engine's whole round: chunked samples, checks, loss, backward, per-network clip + step, target update
         learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(batch_size,))
         out["learner_step_wall"] = _wall_ms(lambda: learner.update(replay, 50, version=1), max(n // 50, 2)) / 50
+        out["reference_update_wall"] = _wall_ms(_reference_update(algo, cfg, batch.reshape(-1)), n)
+        out["learner_to_reference"] = out["learner_step_wall"] / out["reference_update_wall"]
         if compiled:
             compiled_cfg, _ = compose_config([*overrides, "compile.enabled=true"])
             torch.manual_seed(0)
@@ -129,8 +162,8 @@ def main(argv: list[str]) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for algo in algos:
         for part, value in measure(algo, threads=threads, compiled=compiled, deactivate_vmap=no_vmap).items():
-            unit = {"params": "count", "compile_s": "s", "compile_recompiles": "count", "compiled_speedup": "x"}.get(
-                part, "ms")
+            unit = {"params": "count", "compile_s": "s", "compile_recompiles": "count", "compiled_speedup": "x",
+                    "learner_to_reference": "x"}.get(part, "ms")
             line = {"bench": f"offpolicy_update_cost/{algo}", "metric": part, "value": round(value, 3),
                     "unit": unit, "threads": threads, "deactivate_vmap": no_vmap}
             print(json.dumps(line), flush=True)

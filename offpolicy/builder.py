@@ -72,8 +72,9 @@ class Builder:
         return replay.make_replay_buffer(self.cfg, run_dir)
 
     def learner(self, parts: AlgoParts, action_spec, *, world_size: int = 1, grad_sync=None,
-                chunk: int = SAMPLE_CHUNK, device: torch.device | None = None) -> Learner:
+                chunk: int = SAMPLE_CHUNK, device: torch.device | None = None,
+                overlap_sampling: bool = False) -> Learner:
         """The learner over ``parts``, one of ``world_size`` ranks (each samples ``batch_size / world_size``;
-        ``grad_sync`` averages their gradients)."""
+        ``grad_sync`` averages their gradients; ``overlap_sampling``: replay in another process)."""
         return make_learner(self.cfg, parts, action_spec, sample_shape=replay.sample_shape(self.cfg, world_size),
-                            grad_sync=grad_sync, chunk=chunk, device=device)
+                            grad_sync=grad_sync, chunk=chunk, device=device, overlap_sampling=overlap_sampling)

@@ -14,6 +14,7 @@ warm-up steps are counted (:attr:`Learner.recompiles`).
 from __future__ import annotations
 
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from math import lcm
 from typing import Callable
@@ -43,6 +44,13 @@ class CompileOptions:
     cudagraphs: bool = False
 
 
+def _done_future(fn: Callable, *args) -> Future:
+    """``fn(*args)`` run now, as a finished Future (the learner's samples when they are not overlapped)."""
+    future: Future = Future()
+    future.set_result(fn(*args))
+    return future
+
+
 def abs_td_error(td_error: torch.Tensor, *, squared: bool) -> torch.Tensor:
     """``|delta|`` from what a torchrl loss wrote as ``"td_error"`` (``delta^2`` when ``squared``)."""
     return td_error.sqrt() if squared else td_error.abs()
@@ -50,6 +58,10 @@ def abs_td_error(td_error: torch.Tensor, *, squared: bool) -> torch.Tensor:
 
 class Learner:
     """Runs optimiser steps of one algorithm's torchrl loss over its :class:`OptimGroup` optimisers.
+
+    ``overlap_sampling`` (a Ray learner rank: replay is another process, ~10 ms a call): the next chunk of samples
+    is requested from a background thread while the current chunk is learned on, within a round (replay does not
+    change during a round's updates, so the draws are those of sampling in turn).
 
     ``critic_only`` (TD3, CrossQ: the loss's critic term alone) runs on steps where only the critic is due, skipping
     the actor loss's forward; the target networks move on steps where a group with ``moves_targets`` stepped (TD3:
@@ -65,7 +77,7 @@ class Learner:
                  critic_loss_key: str = "loss_qvalue", prioritized: bool = False, td_error_squared: bool = True,
                  chunk: int = SAMPLE_CHUNK, check_every: int = 1, device: torch.device | None = None,
                  action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None, grad_sync=None,
-                 compile: CompileOptions = CompileOptions()):
+                 compile: CompileOptions = CompileOptions(), overlap_sampling: bool = False):
         self.loss = loss
         self.groups = groups
         self.target_updater = target_updater
@@ -74,6 +86,10 @@ class Learner:
         self.critic_loss_key = critic_loss_key
         self.prioritized, self.td_error_squared = prioritized, td_error_squared
         self.chunk = chunk  # batches per replay call (1 for prioritized and sliced replay)
+        if overlap_sampling and prioritized:
+            raise ValueError("overlap_sampling needs uniform replay: priorities change after every step")
+        self._fetch = (ThreadPoolExecutor(1, thread_name_prefix="replay-sample").submit if overlap_sampling
+                       else _done_future)
         self.device = device  # where the loss lives (a GPU learner rank); replay stays on the CPU
         self.check_every = check_every
         self.action_bounds = action_bounds
@@ -121,15 +137,16 @@ class Learner:
 
     def _samples(self, replay, n_steps: int):
         batch = self.sample_shape[0] * (self.sample_shape[1] if len(self.sample_shape) > 1 else 1)
-        done = 0
-        while done < n_steps:
-            k = min(self.chunk, n_steps - done)
-            drawn = replay.sample(batch * k)
+        chunks = [min(self.chunk, n_steps - done) for done in range(0, n_steps, self.chunk)]
+        pending = self._fetch(replay.sample, batch * chunks[0]) if chunks else None
+        for i, k in enumerate(chunks):
+            drawn = pending.result()
+            if i + 1 < len(chunks):  # the next chunk is drawn while this one is learned on (overlap_sampling)
+                pending = self._fetch(replay.sample, batch * chunks[i + 1])
             if self.device is not None:
                 drawn = drawn.to(self.device, non_blocking=True)
             for sample in (drawn.split(batch) if k > 1 else (drawn,)):
                 yield sample.reshape(self.sample_shape) if len(self.sample_shape) > 1 else sample
-            done += k
 
     def write_priorities(self, replay, sample: TensorDictBase) -> None:
         """Give the sampled transitions the priority ``|delta|`` (the sampler makes it ``(|delta| + eps)^alpha``,
@@ -250,14 +267,16 @@ class Learner:
 
 
 def make_learner(cfg, parts, action_spec, *, sample_shape: tuple[int, ...], grad_sync=None, chunk: int = SAMPLE_CHUNK,
-                 device: torch.device | None = None) -> Learner:
+                 device: torch.device | None = None, overlap_sampling: bool = False) -> Learner:
     """The learner over an algorithm's parts (offpolicy/algos/): uniform replay is sampled ``chunk`` batches per call
-    (prioritized and sliced replay one batch per call, as priorities change after every step)."""
+    (prioritized and sliced replay one batch per call, as priorities change after every step); ``overlap_sampling``
+    (uniform replay only) draws the next chunk while the current one is learned on."""
     return Learner(parts.loss, parts.groups, parts.target_updater, sample_shape=sample_shape,
                    critic_only=parts.critic_only, critic_loss_key=parts.critic_loss_key,
                    prioritized=cfg.replay.prioritized, td_error_squared=parts.td_error_squared,
                    chunk=1 if cfg.replay.prioritized or cfg.replay.slice_len else chunk,
                    check_every=cfg.invariants.check_every, action_bounds=parts.action_bounds(action_spec),
                    grad_sync=grad_sync, device=device,
+                   overlap_sampling=overlap_sampling and not cfg.replay.prioritized,
                    compile=CompileOptions(enabled=cfg.compile.enabled, mode=cfg.compile.mode,
                                           cudagraphs=cfg.compile.cudagraphs))

@@ -38,6 +38,32 @@ def test_shared_optimizer_matches_torch_step_for_step(shared_cls, torch_cls, kwa
     assert float(next(iter(opt_ours.state.values()))["step"]) == 6
 
 
+def test_rmsprop_started_at_one_is_tensorflows_rule_and_takes_small_first_steps():
+    """initial_square_avg=1 is the RMSProp rule of TensorFlow (OpenAI baselines' A2C): torch's update from a square
+    average of ones. torch's own start at 0 makes the first step ~10x lr per weight, whatever the gradient's size."""
+    ours, reference, torch_start = _net(), _net(), _net()
+    kwargs = {"lr": 1e-2, "alpha": 0.99, "eps": 1e-5}
+    opt_ours = SharedRMSprop(ours.parameters(), initial_square_avg=1.0, **kwargs)
+    opt_ref = torch.optim.RMSprop(reference.parameters(), **kwargs)
+    for p in reference.parameters():  # torch uses a state that exists instead of creating one
+        opt_ref.state[p] = {"step": torch.zeros(()), "square_avg": torch.ones_like(p)}
+    opt_torch_start = SharedRMSprop(torch_start.parameters(), **kwargs)
+    before = [p.detach().clone() for p in ours.parameters()]
+    x = torch.randn(16, 5)
+    for step in range(4):
+        for net, opt in ((ours, opt_ours), (reference, opt_ref), (torch_start, opt_torch_start)):
+            opt.zero_grad()
+            (1e-3 * net(x).pow(2).mean()).backward()
+            opt.step()
+        if step == 0:
+            ours_move = max((p - b).abs().max() for p, b in zip(ours.parameters(), before))
+            torch_move = max((p - b).abs().max() for p, b in zip(torch_start.parameters(), before))
+            assert ours_move < 1e-4 and torch_move > 5 * kwargs["lr"]  # tiny gradients: small steps vs ~10 lr
+        for p, q in zip(ours.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+    assert all(t.is_shared() for state in opt_ours.state.values() for t in state.values())
+
+
 def test_loaded_optimizer_state_is_shared_again():
     net = _net()
     opt = SharedAdam(net.parameters(), lr=1e-3)

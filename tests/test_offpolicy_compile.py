@@ -63,9 +63,9 @@ def test_recompilation_after_the_warm_up_is_counted():
 
 def test_the_optimiser_implementation_follows_this_runs_compile_switch():
     """A checkpoint of an eager run (fused Adam) resumed with compile on keeps the traceable (foreach) Adam."""
-    eager, _, replay = _learner("dqn")  # DQN: the shortest compile of the four
+    eager, _, replay = _learner("sac")
     eager.update(replay, 2, version=1)
-    compiled, parts, _ = _learner("dqn", "compile.enabled=true")
+    compiled, parts, _ = _learner("sac", "compile.enabled=true")
     compiled.load_state_dict(eager.state_dict())
     for optimizer in parts.optimizers.values():
         assert optimizer.param_groups[0]["fused"] is not True and optimizer.param_groups[0]["foreach"] is True
