@@ -32,7 +32,7 @@ RL_ZOO_A2C = {"Pong": (17.292, 3.214), "Breakout": (279.793, 122.177), "SpaceInv
               "Seaquest": (1721.493, 105.339)}
 
 
-def report(run_dir: Path) -> dict:
+def report(run_dir: Path, target: float | None = None) -> dict:
     """One game's figures: frames and minutes trained, the final greedy score, the periodic evaluations' best, and
     the first periodic evaluation at or above the RL Zoo A2C score and at or above ``target`` (frames of its weights,
     minutes at those frames)."""
@@ -52,7 +52,7 @@ def report(run_dir: Path) -> dict:
     at_target = first_at(frames, minutes, returns, target)
     best = int(np.argmax(returns)) if returns else None
     return {
-        "bench": "a3c_games", "game": game, "seed": config["seed"],
+        "bench": "a3c_games", "game": game, "seed": config["seed"], "recurrent": config["model"].get("recurrent"),
         "frames": summary["frames"], "minutes": round(summary["wall_time_s"] / 60, 1),
         "agent_steps_per_s": round(summary["agent_steps_per_s"]),
         "greedy_return": None if final is None else round(final["return"], 1),
