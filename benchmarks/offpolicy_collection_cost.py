@@ -7,7 +7,10 @@ local engine builds them (offpolicy/engines/local.py), with one torch thread:
     torchrl_env    the training env (make_train_env: a GymEnv, or a SerialEnv of N; DoubleToFloat, RewardSum,
                    StepCounter, InitTracker) stepped alone: a presampled random action set into the TensorDict, then
                    ``step_and_maybe_reset`` (step, step_mdp, resets)
-    policy         the collection policy's forward on the env's batch of N observations (no_grad, RANDOM exploration)
+    policy         the collection policy's forward on the env's batch of N observations (no_grad, RANDOM exploration;
+                   DQN's epsilon annealed to its end value first, as for most of a run)
+    tensor_policy  the same policy's ``act`` on the plain observation tensor, where it offers one (DQN: what the lean
+                   collector runs instead of the TensorDict call)
     collector      one whole torchrl ``Collector`` batch (``next(iter(collector))``, 1024 env steps, with
                    ``collector.lean=false``) over its env steps
     overhead       collector - torchrl_env - policy: the Collector's own work (carrier updates, policy version,
@@ -15,7 +18,8 @@ local engine builds them (offpolicy/engines/local.py), with one torch thread:
     raw_env_fraction  raw_env / collector: the share of collection that is the simulator
     lean_collector one batch of the engine's lean collector (offpolicy/collection.py, the default where it applies:
                    a Gymnasium vector env stepped with numpy, one TensorDict per batch) over its env steps
-    lean_overhead  lean_collector - raw_env - policy: what is neither the simulator nor the network
+    lean_overhead  lean_collector - raw_env - (tensor_policy, else policy): what is neither the simulator nor the
+                   policy
     lean_raw_env_fraction  raw_env / lean_collector
     lean_speedup   collector / lean_collector
     replay_extend  ``for_replay`` + ``replay.extend`` of a collected batch
@@ -44,6 +48,7 @@ import gymnasium  # noqa: E402
 import torch  # noqa: E402
 from torchrl.envs.utils import ExplorationType, set_exploration_type  # noqa: E402
 
+from offpolicy.algos.base import ActsOnTensors, anneal  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
 from offpolicy.rollout import RolloutStats  # noqa: E402
 from offpolicy.builder import Builder  # noqa: E402
@@ -105,6 +110,8 @@ def measure(algo: str, n: int) -> dict[str, float]:
     torch.set_num_threads(1)  # again each case: closing a SerialEnv raises torch's threads by its env count
     env = make_train_env(cfg)
     parts = Builder(cfg).parts(env)
+    if parts.exploration is not None:  # epsilon at its end value, as for most of a run (at 1 every step explores)
+        anneal(parts.exploration, 10**12)
     out = {"raw_env": _us_per_step(_raw_env(CASES[algo], n), n)}
 
     td = env.reset()
@@ -121,6 +128,9 @@ def measure(algo: str, n: int) -> dict[str, float]:
     obs = env.reset()
     with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
         out["policy"] = _us_per_step(lambda: parts.collect_policy(obs), n)
+        if isinstance(parts.collect_policy, ActsOnTensors):
+            observation = obs["observation"]
+            out["tensor_policy"] = _us_per_step(lambda: parts.collect_policy.act(observation), n)
 
     collector = Builder(cfg).collector(env, parts.collect_policy)  # appends its PolicyVersion transform to env
     out["collector"], batch = _per_batch(collector)
@@ -130,7 +140,7 @@ def measure(algo: str, n: int) -> dict[str, float]:
     lean = Builder(lean_cfg).collector(make_train_env(lean_cfg), parts.collect_policy)
     out["lean_collector"], _ = _per_batch(lean)
     lean.shutdown()
-    out["lean_overhead"] = out["lean_collector"] - out["raw_env"] - out["policy"]
+    out["lean_overhead"] = out["lean_collector"] - out["raw_env"] - out.get("tensor_policy", out["policy"])
     out["lean_raw_env_fraction"] = out["raw_env"] / out["lean_collector"]
     out["lean_speedup"] = out["collector"] / out["lean_collector"]
 

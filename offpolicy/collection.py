@@ -3,7 +3,7 @@
 Why our own: at one CartPole env, torchrl's GymEnv, its transforms and the Collector cost ~400 µs per env step around
 a ~6 µs simulator step (benchmarks/offpolicy_collection_cost.py; by cProfile, tensordict and torchrl Python work on
 every step). Here one Gymnasium vector env is stepped with numpy, the policy (the same torchrl modules) sees one small
-TensorDict per step, and each batch becomes one TensorDict with the keys the engine reads from a Collector's batch:
+TensorDict per step (or plain tensors, where it offers ``act``: :class:`~offpolicy.algos.base.ActsOnTensors`), and each batch becomes one TensorDict with the keys the engine reads from a Collector's batch:
 replay, losses, statistics and invariants are unchanged. ALE games, dm_control, pixels, envpool and process-parallel
 envs keep torchrl's Collector (:func:`lean_collection`).
 
@@ -22,6 +22,7 @@ import torch
 from omegaconf import DictConfig
 from tensordict import TensorDict
 
+from offpolicy.algos.base import ActsOnTensors
 from shared.atari import is_atari
 
 
@@ -50,6 +51,8 @@ class LeanCollector:
 
         n = cfg.env.num_envs
         self.spec_env, self.policy = spec_env, policy
+        # a policy that also acts on plain tensors (DQN's epsilon-greedy) skips the per-step TensorDict
+        self.act = policy.act if isinstance(policy, ActsOnTensors) else None
         self.steps = env_steps_per_batch // n
         self.envs = gym.vector.SyncVectorEnv([partial(gym.make, cfg.env.name) for _ in range(n)],
                                              autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -93,12 +96,16 @@ class LeanCollector:
         rows = []
         with set_exploration_type(ExplorationType.RANDOM):
             for _ in range(steps):
-                td = TensorDict({"observation": self.observation, "is_init": self.is_init, **self.noise_state}, [n])
-                td = self.policy(td)
-                # OU noise keeps its process state in the tensordict ("_ou_*"): carried to the next step, as the
-                # Collector's step_mdp carries it
-                self.noise_state = {k: td[k] for k in td.keys() if isinstance(k, str) and k.startswith("_")}
-                action = td["action"]
+                if self.act is not None:
+                    action = self.act(self.observation)
+                else:
+                    td = TensorDict({"observation": self.observation, "is_init": self.is_init, **self.noise_state},
+                                    [n])
+                    td = self.policy(td)
+                    # OU noise keeps its process state in the tensordict ("_ou_*"): carried to the next step, as
+                    # the Collector's step_mdp carries it
+                    self.noise_state = {k: td[k] for k in td.keys() if isinstance(k, str) and k.startswith("_")}
+                    action = td["action"]
                 env_action = (action.argmax(-1) if self.discrete else action).numpy()
                 obs, reward, terminated, truncated, info = self.envs.step(env_action)
                 terminated = torch.as_tensor(terminated).reshape(n, 1)

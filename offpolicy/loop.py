@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from offpolicy.algos.base import anneal
 from offpolicy.report import RoundReport
 
 
@@ -17,7 +18,7 @@ def train_loop(run) -> None:
         # 1. one batch from the stochastic collection policy, flattened into replay
         rollout = engine.collect()
         if parts.exploration is not None:
-            parts.exploration.step(rollout.env_steps)  # anneal epsilon / noise by the env steps collected
+            anneal(parts.exploration, rollout.env_steps)  # anneal epsilon / noise by the env steps collected
         collected = time.perf_counter()
         # 2. UTD x env steps optimiser steps (each with its target update), once replay holds the prefill
         asked = run.steps_per_batch if engine.replay_size() >= cfg.collector.prefill_env_steps else 0

@@ -127,7 +127,7 @@ def test_redq_draws_two_of_ten_critics_for_each_target(monkeypatch):
 def test_adding_an_algorithm_needs_no_registry_edit():
     """The registry is every module of the package but its shared ones."""
     package = REPO / "offpolicy" / "algos"
-    modules = {p.stem for p in package.glob("*.py")} - {"__init__", "base", "networks"}
+    modules = {p.stem for p in package.glob("*.py")} - {"__init__", "base", "networks", "policies"}
     assert set(ALGORITHMS) == modules == {"dqn", "sac", "td3", "ddpg", "crossq", "redq"}
 
 
@@ -155,3 +155,25 @@ def test_new_algorithms_resume_exactly_and_keep_their_shapes(tmp_path, name, sha
     if name == "redq":
         with pytest.raises(ConfigError, match="redq.num_qvalue_nets=5 differs from the resumed run's"):
             compose_config([f"resume={path}", shape_override])
+
+
+def test_annealing_in_one_update_reaches_torchrls_step_by_step_values():
+    """``anneal(module, k)`` moves epsilon-greedy, Gaussian and OU exploration where torchrl's ``step(k)`` (k updates)
+    moves it, down to the end value and no further."""
+    from torchrl.data import Bounded, OneHot
+    from torchrl.modules import AdditiveGaussianModule, EGreedyModule, OrnsteinUhlenbeckProcessModule
+
+    from offpolicy.algos.base import anneal
+
+    box = Bounded(-1.0, 1.0, (3,))
+    for make, name, end in [
+        (lambda: EGreedyModule(OneHot(2), eps_init=1.0, eps_end=0.05, annealing_num_steps=2500), "eps", 0.05),
+        (lambda: AdditiveGaussianModule(box, sigma_init=0.2, sigma_end=0.05, annealing_num_steps=2500), "sigma", 0.05),
+        (lambda: OrnsteinUhlenbeckProcessModule(box, eps_init=1.0, eps_end=0.25, annealing_num_steps=2500), "eps", 0.25),
+    ]:
+        stepped, annealed = make(), make()
+        for env_steps in (1, 999, 1000, 1000, 700):
+            stepped.step(env_steps)
+            anneal(annealed, env_steps)
+            assert float(getattr(annealed, name)) == pytest.approx(float(getattr(stepped, name)), abs=1e-4), name
+        assert float(getattr(annealed, name)) == pytest.approx(end)

@@ -110,3 +110,119 @@ def test_where_the_lean_collector_applies():
     local = engine_class("local")
     assert local.training_env_copies(cfg("env.num_envs=4")) == 1
     assert local.training_env_copies(cfg("env.num_envs=4", "collector.lean=false")) == 4
+
+
+def _dqn_policy(eps: float, n_envs: int = 4):
+    from offpolicy.algos.base import ActsOnTensors
+
+    cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=smoke", f"env.num_envs={n_envs}"])
+    torch.manual_seed(0)
+    env = make_train_env(cfg)
+    policy = Builder(cfg).parts(env).collect_policy
+    env.close()
+    assert isinstance(policy, ActsOnTensors)
+    policy[1].eps.fill_(eps)  # the EGreedyModule's epsilon
+    return policy
+
+
+def test_dqns_tensor_policy_is_its_tensordict_policy():
+    """Greedy (epsilon 0): ``act`` gives the TensorDict path's one-hot actions, same dtype; epsilon 1: uniform random
+    actions without running the network; epsilon 0.3: 0.3 x (1 - 1/2) of the actions differ from the greedy ones."""
+    from tensordict import TensorDict
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+    policy = _dqn_policy(eps=0.0)
+    obs = torch.randn(4000, 4) * 2
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        expected = policy(TensorDict({"observation": obs}, [4000]))["action"]
+        greedy = policy.act(obs)
+        assert greedy.dtype == expected.dtype and torch.equal(greedy, expected)
+        assert 0.05 < float(greedy[:, 0].float().mean()) < 0.95  # a network that does not pick one action only
+
+        forwards = []
+        network = policy[0].module[0].module
+        handle = network.register_forward_hook(lambda *_: forwards.append(1))
+        policy[1].eps.fill_(1.0)
+        random = policy.act(obs)
+        assert not forwards and float(random[:, 0].float().mean()) == pytest.approx(0.5, abs=0.03)
+        assert torch.equal(random.sum(-1), torch.ones(4000, dtype=torch.int64))  # one-hot
+        policy[1].eps.fill_(0.3)
+        mixed = policy.act(obs)
+        handle.remove()
+        assert forwards  # some copies were greedy
+        assert float((mixed != greedy).any(-1).float().mean()) == pytest.approx(0.15, abs=0.02)
+
+
+def test_the_lean_collector_acts_on_tensors_where_the_policy_can():
+    """DQN's lean collection never calls the TensorDict policy; SAC's (no tensor path) does."""
+    calls = []
+    cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=smoke", "collector.env_steps_per_batch=50"])
+    env = make_train_env(cfg)
+    parts = Builder(cfg).parts(env)
+    handle = parts.collect_policy.register_forward_hook(lambda *_: calls.append(1))
+    collector = Builder(cfg).collector(env, parts.collect_policy)
+    try:
+        batch = next(iter(collector))
+    finally:
+        collector.shutdown()
+        handle.remove()
+    assert batch.shape == torch.Size([1, 50]) and not calls
+    assert torch.equal(batch["action"].sum(-1), torch.ones(1, 50, dtype=torch.int64))
+
+
+def _policy(algo, *overrides):
+    cfg, _ = compose_config([f"algo={algo}", "env=HalfCheetah-v5", "profile=smoke", *overrides])
+    torch.manual_seed(0)
+    env = make_train_env(cfg)
+    parts = Builder(cfg).parts(env)
+    env.close()
+    return parts
+
+
+@pytest.mark.parametrize("algo", ["td3", "ddpg"])
+def test_gaussian_noise_policys_tensor_path_is_its_tensordict_path(algo):
+    """Without noise (sigma 0) ``act`` is the TensorDict path's action; with sigma 0.1 (half-range units; HalfCheetah's
+    half range is 1) the noise has std 0.1 around it, and every action stays inside the bounds."""
+    from tensordict import TensorDict
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+    from offpolicy.algos.base import ActsOnTensors
+
+    parts = _policy(algo, f"{algo}.noise=gaussian")
+    policy = parts.collect_policy
+    assert isinstance(policy, ActsOnTensors)
+    obs = torch.randn(4000, 17)
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        parts.exploration.sigma.fill_(0.0)
+        expected = policy(TensorDict({"observation": obs}, [4000]))["action"]
+        assert torch.allclose(policy.act(obs), expected, atol=1e-6)
+        parts.exploration.sigma.fill_(0.1)
+        noisy = policy.act(obs)
+    inside = (expected.abs() < 0.7).all(-1)  # away from the bounds, where projection does not cut the noise
+    assert float((noisy - expected)[inside].std()) == pytest.approx(0.1, abs=0.01)
+    assert float(noisy.abs().max()) <= 1.0
+
+
+def test_ou_noise_keeps_the_tensordict_path():
+    from offpolicy.algos.base import ActsOnTensors
+
+    assert not isinstance(_policy("ddpg", "ddpg.noise=ou").collect_policy, ActsOnTensors)
+
+
+def test_tanh_normal_policys_tensor_path_samples_its_tensordict_paths_distribution():
+    """SAC's ``act`` draws from the distribution its TensorDict path draws from: for one observation repeated, the
+    two sets of samples have the same mean and spread per dimension, inside the bounds."""
+    from tensordict import TensorDict
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+    policy = _policy("sac").collect_policy
+    for p in policy.parameters():  # a policy away from the untrained near-uniform one
+        p.data.normal_(0, 0.3)
+    obs = torch.randn(1, 17).expand(200_000, 17)
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        expected = policy(TensorDict({"observation": obs}, [200_000]))["action"]
+        sampled = policy.act(obs)
+    assert sampled.shape == expected.shape == (200_000, 6)
+    assert torch.allclose(sampled.mean(0), expected.mean(0), atol=0.01)  # 4 standard errors
+    assert torch.allclose(sampled.std(0), expected.std(0), atol=0.01)
+    assert float(sampled.abs().max()) <= 1.0 and float(expected.std(0).max()) > 0.5  # a stochastic policy

@@ -11,7 +11,7 @@ import pkgutil
 
 from offpolicy.algos.base import AlgoParts, Algorithm
 
-_SHARED = {"base", "networks"}  # modules of this package that are not algorithms
+_SHARED = {"base", "networks", "policies"}  # modules of this package that are not algorithms
 ALGORITHMS: dict[str, Algorithm] = {
     module.ALGORITHM.name: module.ALGORITHM
     for module in (importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)

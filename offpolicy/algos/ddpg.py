@@ -2,10 +2,9 @@
 Ornstein-Uhlenbeck noise for collection, one Q network, target actor and critic."""
 from __future__ import annotations
 
-from tensordict.nn import TensorDictSequential
-
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
+from offpolicy.algos.policies import noisy_policy
 from shared.config import Rule
 
 
@@ -20,7 +19,7 @@ def build(cfg, env) -> AlgoParts:
                                                    loss_function=cfg.loss.function, delay_actor=True,
                                                    delay_value=True))
     return AlgoParts(
-        collect_policy=actor if noise is None else TensorDictSequential(actor, noise), eval_policy=actor,
+        collect_policy=noisy_policy(actor, noise), eval_policy=actor,
         exploration=noise, loss=loss,
         groups=nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.value_network_params, "loss_value"),
         target_updater=nets.target_updater(cfg.target, loss), critic_loss_key="loss_value",

@@ -3,11 +3,11 @@ epsilon-greedy collection, a hard or soft target Q network. Discrete actions: Ca
 from __future__ import annotations
 
 import torch
-from tensordict.nn import TensorDictSequential
 from torch import nn
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
+from offpolicy.algos.policies import EpsilonGreedyPolicy
 from offpolicy.updates import OptimGroup
 from shared.config import Rule
 from shared.models import AtariTrunk, DuelingHead, mlp
@@ -43,7 +43,7 @@ def build(cfg, env) -> AlgoParts:
                                                   double_dqn=cfg.dqn.double, action_space=action_spec))
     optimizer = nets.network_adam(cfg.optim, cfg.compile, loss.value_network_params.flatten_keys().values(), "actor")
     return AlgoParts(
-        collect_policy=TensorDictSequential(qnet, greedy), eval_policy=qnet, exploration=greedy, loss=loss,
+        collect_policy=EpsilonGreedyPolicy(qnet, greedy, action_spec.shape[-1]), eval_policy=qnet, exploration=greedy, loss=loss,
         groups=[OptimGroup("q", optimizer, ("loss",), cfg.optim.max_grad_norm)],
         target_updater=nets.target_updater(cfg.target, loss), exploration_value=lambda: float(greedy.eps),
         discrete=True,

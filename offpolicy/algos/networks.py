@@ -102,10 +102,12 @@ def continuous_actor(model: DictConfig, obs_spec, action_spec) -> TensorDictSequ
 def tanh_normal_actor(model: DictConfig, obs_spec, action_spec):
     """Stochastic actor ``observation -> TanhNormal`` within the action bounds (SAC, CrossQ, REDQ); its
     deterministic mode is the evaluation policy."""
-    from torchrl.modules import ProbabilisticActor, TanhNormal
+    from torchrl.modules import TanhNormal
+
+    from offpolicy.algos.policies import TanhNormalActor
 
     net = nn.Sequential(obs_net(model, obs_spec, 2 * action_spec.shape[-1]), NormalParamExtractor())
-    return ProbabilisticActor(
+    return TanhNormalActor(
         TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"]),
         in_keys=["loc", "scale"], spec=action_spec, distribution_class=TanhNormal,
         distribution_kwargs={"low": action_spec.space.low, "high": action_spec.space.high},

@@ -2,10 +2,9 @@
 Q networks, target policy smoothing, and the actor and the targets moving every ``td3.policy_delay`` critic steps."""
 from __future__ import annotations
 
-from tensordict.nn import TensorDictSequential
-
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
+from offpolicy.algos.policies import noisy_policy
 from shared.config import Rule
 
 
@@ -35,7 +34,7 @@ def build(cfg, env) -> AlgoParts:
     groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue",
                                       actor_every=cfg.td3.policy_delay, targets_follow_actor=True)
     return AlgoParts(
-        collect_policy=TensorDictSequential(actor, noise), eval_policy=actor, exploration=noise, loss=loss,
+        collect_policy=noisy_policy(actor, noise), eval_policy=actor, exploration=noise, loss=loss,
         groups=groups, target_updater=nets.target_updater(cfg.target, loss),
         critic_only=nets.critic_only(loss.value_loss, ensemble_td_error=True),
         exploration_value=nets.noise_value(noise),

@@ -1,0 +1,77 @@
+"""Collection policies that also act on plain tensors (``act(observation) -> action``,
+:class:`~offpolicy.algos.base.ActsOnTensors`) beside their TensorDict path: torchrl's modules, subclassed, with a
+method that reads the same networks and buffers. torchrl's Collector runs the TensorDict path; the lean collector
+(offpolicy/collection.py) runs ``act``.
+
+Why a second path: at one env copy, a call through torchrl's TensorDict modules costs 90-155 µs per env step for
+networks whose arithmetic is 15-40 µs (``policy`` against ``tensor_policy`` in benchmarks/offpolicy_collection_cost.py).
+Tests hold each ``act`` to its TensorDict path (tests/test_offpolicy_lean_collection.py).
+"""
+from __future__ import annotations
+
+import torch
+from tensordict.nn import TensorDictSequential
+from torch import nn
+from torch.nn import functional as F
+from torchrl.modules import AdditiveGaussianModule, ProbabilisticActor
+
+
+class EpsilonGreedyPolicy(TensorDictSequential):
+    """DQN's collection policy: torchrl's ``QValueActor`` then its ``EGreedyModule``, plus :meth:`act`."""
+
+    def __init__(self, qvalue_actor, greedy, n_actions: int):
+        super().__init__(qvalue_actor, greedy)
+        self.n_actions = n_actions
+
+    def act(self, observation: torch.Tensor) -> torch.Tensor:
+        """One-hot actions ``[n, A]`` (int64, as the TensorDict path writes them) for state vectors ``[n, d]``:
+        each copy takes a uniformly random action with probability ``eps``, else the argmax of its Q values. When
+        every copy explores the network is not run (CleanRL's shortcut; the actions do not depend on it)."""
+        qvalue_actor, greedy = self.module
+        shape = observation.shape[:-1]
+        explore = torch.rand(shape) < greedy.eps
+        action = torch.randint(self.n_actions, shape)
+        if not bool(explore.all()):
+            q_network = qvalue_actor.module[0].module  # the plain network inside the QValueActor's TensorDictModule
+            action = torch.where(explore, action, q_network(observation).argmax(-1))
+        return F.one_hot(action, self.n_actions)
+
+
+def _squashed(actor: TensorDictSequential, observation: torch.Tensor) -> torch.Tensor:
+    """:func:`~offpolicy.algos.networks.continuous_actor`'s action on tensors: its network, then its ``TanhModule``'s
+    map into the bounds (built without ``clamp``)."""
+    network, squash = actor.module
+    feature = network.module(observation).tanh()
+    return squash.action_low + (squash.action_high - squash.action_low) * (feature + 1) / 2
+
+
+class TanhNormalActor(ProbabilisticActor):
+    """:func:`~offpolicy.algos.networks.tanh_normal_actor`'s class: torchrl's ``ProbabilisticActor`` plus :meth:`act`."""
+
+    def act(self, observation: torch.Tensor) -> torch.Tensor:
+        """A sampled action ``[n, A]`` for observations ``[n, ...]``."""
+        params, sampler = self.module
+        loc, scale = params.module(observation)
+        return sampler.distribution_class(loc, scale, **sampler.distribution_kwargs).sample()
+
+
+class GaussianNoiseActor(TensorDictSequential):
+    """:func:`~offpolicy.algos.networks.continuous_actor` then torchrl's ``AdditiveGaussianModule`` (TD3, DDPG), plus :meth:`act`."""
+
+    def act(self, observation: torch.Tensor) -> torch.Tensor:
+        """The deterministic action plus Gaussian noise (mean, std and the annealed sigma of the noise module),
+        projected into the action bounds, ``[n, A]``."""
+        actor, noise = self.module
+        action = _squashed(actor, observation)
+        action = action + torch.normal(noise.mean.expand(action.shape), noise.std.expand(action.shape)) * noise.sigma
+        return noise.spec["action"].project(action)
+
+
+def noisy_policy(actor: TensorDictSequential, noise: nn.Module | None) -> nn.Module:
+    """The collection policy of a deterministic ``actor`` with action ``noise``: Gaussian noise gets the
+    plain-tensor path; OU noise keeps its process state in the TensorDict, so it runs there."""
+    if noise is None:
+        return actor
+    if isinstance(noise, AdditiveGaussianModule):
+        return GaussianNoiseActor(actor, noise)
+    return TensorDictSequential(actor, noise)
