@@ -31,6 +31,10 @@ PENDULUM = ["env=Pendulum-v1", "total_env_steps=20000", "collector.env_steps_per
 CASES = {
     "dqn-cartpole": (["algo=dqn", "env=CartPole-v1", "total_env_steps=50000", "eval.interval_env_steps=2500",
                       "eval.episodes=5"], 500.0, 50_000),
+    # the same with the collector in a child process, one round of policy lag (one learner thread: two cores in all;
+    # run it with jobs=1)
+    "dqn-cartpole-overlap": (["algo=dqn", "env=CartPole-v1", "total_env_steps=50000", "eval.interval_env_steps=2500",
+                              "eval.episodes=5", "collector.overlap=true", "threads=1"], 500.0, 50_000),
     "sac-pendulum": (["algo=sac", *PENDULUM], -200.0, 20_000),
     "td3-pendulum": (["algo=td3", *PENDULUM], -200.0, 20_000),
     "ddpg-pendulum": (["algo=ddpg", *PENDULUM], -200.0, 20_000),

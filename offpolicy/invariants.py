@@ -3,7 +3,8 @@ a checkpoint and prints one ``error:`` line).
 
 Documented relation between weights and optimiser steps: the learner's policy is published to the collectors after
 every round, so the transitions of round ``k`` (0-based, counted from the start of the run) carry
-``policy_version == k``; each round runs exactly ``utd_ratio * env_steps_per_batch`` optimiser steps once replay holds
+``policy_version == k`` (``k - 1`` with ``collector.overlap``, whose child collects a round ahead; the first round of a
+process carries the version it started from); each round runs exactly ``utd_ratio * env_steps_per_batch`` optimiser steps once replay holds
 ``prefill_env_steps`` transitions (0 before).
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ class RoundInvariants:
     """The per-round invariants, on the round's report (offpolicy/report.py), for every engine:
 
     - replay received every collected transition (write count against the collectors' counts);
-    - every transition of round ``k`` was collected with policy version ``k``;
+    - every transition of round ``k`` was collected with policy version ``k - policy_lag`` (the engine's, 0 or 1;
+      the first round of a process with the version it started from);
     - the learner ran exactly the optimiser steps the loop asked for;
     - after publishing, the collectors hold version ``k + 1``;
     - the learner's metrics, the collected rewards and the finished episodes' returns are finite numbers.
@@ -30,8 +32,10 @@ class RoundInvariants:
     The sampled-batch invariants are checked by the learner (learner.py), where the samples are.
     """
 
-    def __init__(self, writes_at_start: int):
+    def __init__(self, writes_at_start: int, policy_lag: int = 0):
         self.writes_at_start = writes_at_start
+        self.policy_lag = policy_lag
+        self.first_round: int | None = None  # this process's first round (a resumed run starts later)
         self.replay_writes = writes_at_start  # replay's write count after the latest round
         self.collected = 0  # transitions collected by this process (a resumed run starts at 0 again)
 
@@ -41,9 +45,12 @@ class RoundInvariants:
         written = report.replay_writes - self.writes_at_start
         if written != self.collected:
             raise InvariantError(f"replay received {written} transitions but {self.collected} were collected")
+        if self.first_round is None:
+            self.first_round = report.index
         lo, hi = report.rollout.version_lo, report.rollout.version_hi
-        if lo is not None and (lo, hi) != (report.index, report.index):
-            raise InvariantError(f"batch {report.index} carries policy_version {lo}..{hi}; expected {report.index}")
+        expected = max(self.first_round, report.index - self.policy_lag)
+        if lo is not None and (lo, hi) != (expected, expected):
+            raise InvariantError(f"batch {report.index} carries policy_version {lo}..{hi}; expected {expected}")
         if report.steps_done != report.steps_asked:
             raise InvariantError(f"batch {report.index} ran {report.steps_done} optimiser steps; expected "
                                  f"{report.steps_asked}")

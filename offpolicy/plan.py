@@ -65,7 +65,7 @@ def make_plan(cfg: DictConfig) -> dict:
     replay_bytes = per_transition * cfg.replay.size
     memory = psutil.virtual_memory()
     plan = {
-        "algo": cfg.algo, "env": cfg.env.name, "engine": cfg.engine,
+        "algo": cfg.algo, "env": cfg.env.name, "engine": cfg.engine, "collector_overlap": bool(cfg.collector.overlap),
         "collectors": collectors, "envs_per_collector": cfg.env.num_envs, "envs": envs,
         "rounds": rounds, "env_steps_per_round": per_round, "env_steps_per_collector_round": per_round // collectors,
         "transitions": rounds * per_round, "transitions_per_env": rounds * per_round / envs,
@@ -153,7 +153,10 @@ def predict(plan: dict, rates: dict, estimates: dict[str, Estimate] = ESTIMATES)
         overhead = est["ray_round_factor"]
         used.append("ray_round_factor")
     parts = {"collect": collect_s, "replay_write": write_s, "learn": learn_s}
-    round_s = sum(parts.values()) * overhead  # the loop collects, writes, then learns, one after the other
+    if plan["collector_overlap"]:  # a child collects the next batch while this process writes and learns
+        round_s = max(collect_s, write_s + learn_s) * overhead
+    else:  # the loop collects, writes, then learns, one after the other
+        round_s = sum(parts.values()) * overhead
     prefill_round_s = (collect_s + write_s) * overhead
     learning_rounds = plan["rounds"] - plan["prefill_rounds"]
     # evaluations play full-length episodes at most; background ones overlap training (a thread on weight
@@ -198,8 +201,9 @@ def describe_timing(plan: dict, rates: dict, timing: dict) -> list[str]:
         lines.append(f"env step, {backend}: " + ", ".join(
             f"batch {n:,} {s * 1e3:.3g} ms ({s / n * 1e6:.3g} us/env)" for n, s in table.items()))
     lines += [
-        f"round: collect {_duration(parts['collect'])} + replay write {_duration(parts['replay_write'])} + learn "
-        f"{_duration(parts['learn'])} = {_duration(t['round_s'])}; bound by {t['bound']}"
+        f"round: collect {_duration(parts['collect'])} {'beside' if plan['collector_overlap'] else '+'} replay write "
+        f"{_duration(parts['replay_write'])} + learn {_duration(parts['learn'])} = {_duration(t['round_s'])}; bound by "
+        f"{t['bound']}"
         + (" (collector step extrapolated per env from the measured batch)" if t["extrapolated"] else ""),
         f"predicted wall time: setup {_duration(t['setup_s'])} + prefill {_duration(t['prefill_s'])} + learning "
         f"{_duration(t['learning_s'])} + final evaluation <= {_duration(t['final_eval_s'])} = "

@@ -81,7 +81,7 @@ class Run:
         self.cfg, self.run_dir, self.engine, self.parts, self.progress = cfg, run_dir, engine, parts, progress
         self.logger, self.evaluator, self.obs_norm = logger, evaluator, obs_norm
         self.steps_per_batch = optim_steps_per_batch(cfg)
-        self.invariants = RoundInvariants(engine.replay_writes())
+        self.invariants = RoundInvariants(engine.replay_writes(), engine.policy_lag)
         self.bar = tqdm(total=cfg.total_env_steps, initial=progress.env_steps, unit="step", unit_scale=True,
                         dynamic_ncols=True) if cfg.logger.progress_bar else None
         self.metrics = RoundMetrics(logger, interval_s=cfg.logger.interval_s,

@@ -72,7 +72,7 @@ def train(cfg: DictConfig, checkpoint: Checkpoint | None = None) -> dict:
 
 def main(argv: list[str]) -> int:
     """CLI: compose the config, train, print where the results are; exit 3 on a broken invariant, 4 when a Ray actor
-    fails, 130 on Ctrl-C."""
+    or the background collector fails, 130 on Ctrl-C."""
     if any(a in ("-h", "--help", "help") for a in argv):
         print(help_text(CONFIG_DIR, USAGE, ALIASES, GROUPS))
         return 0

@@ -117,7 +117,8 @@ def test_suite_records_every_failure(tmp_path):
 PLAN = {"envs_per_collector": 100, "env_steps_per_collector_round": 1000, "env_steps_per_round": 1000, "rounds": 10,
         "prefill_rounds": 2, "optim_steps_per_round": 50, "evaluations": 2, "eval_episodes": 3,
         "final_eval_episodes": 1, "eval_max_episode_steps": 200, "eval_interval_env_steps": 5000, "learner_ranks": 1, "learner_backend": "local",
-        "engine": "local", "backend": "gymnasium", "collector_cpus": 2, "collector_gpus": 0, "learner_gpus": 0}
+        "engine": "local", "backend": "gymnasium", "collector_cpus": 2, "collector_gpus": 0, "learner_gpus": 0,
+        "collector_overlap": False}
 RATES = {"collector_batch": 100, "collector_step_s": 0.01, "policy_forward_s": 0.002, "replay_write_s": 1e-5,
          "update_s": 0.02, "eval_step_s": 0.001, "setup_s": 1.5, "matmul_flops": 1e11, "threads": 1, "cores": 2,
          "param_bytes": 1_000_000}
@@ -137,6 +138,8 @@ def test_prediction_arithmetic_from_given_rates():
     assert t["total_s"] == pytest.approx(1.5 + 0.22 + 8.88 + 0.2)
     assert t["estimated"] == {} and not t["extrapolated"]
     assert not predict({**PLAN, "eval_episodes": 30}, RATES)["evals_keep_up"]  # 6 s per evaluation, every 5.55 s
+    # collector.overlap: the child collects (0.1 s) while this process writes and learns (1.01 s)
+    assert predict({**PLAN, "collector_overlap": True}, RATES)["round_s"] == pytest.approx(1.01)
 
 
 def test_prediction_scales_absent_hardware_by_stated_factors():

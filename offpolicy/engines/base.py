@@ -27,6 +27,8 @@ class Engine(ABC):
     """Collector, replay and learner of one run, wherever they live; built from the run's
     :class:`~offpolicy.builder.Builder`, the training env, the algorithm's parts, the run directory and the env seed."""
 
+    policy_lag = 0  # rounds the collected transitions lag behind the publications: round k carries version k - lag
+
     @staticmethod
     def check_config(cfg: DictConfig) -> None:
         """Raise a ConfigError (one line: the key and what is allowed) for a setting this engine cannot run."""
@@ -48,8 +50,8 @@ class Engine(ABC):
 
     @abstractmethod
     def collect(self) -> Rollout:
-        """Collect one batch (``collector.env_steps_per_batch`` transitions) with the published policy and write it,
-        flattened ``[B, T] -> [B*T]``, into replay."""
+        """Collect one batch (``collector.env_steps_per_batch`` transitions) with the published policy (the one
+        before it, with a :attr:`policy_lag` of 1) and write it, flattened ``[B, T] -> [B*T]``, into replay."""
 
     @abstractmethod
     def replay_size(self) -> int:

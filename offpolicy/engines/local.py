@@ -8,18 +8,34 @@ from omegaconf import DictConfig
 
 from offpolicy.algos import AlgoParts
 from offpolicy.engines.base import Engine
+from offpolicy.envs import obs_norm_state
+from offpolicy.overlap import BackgroundCollector, CollectorLost
 from offpolicy.replay import ReplayJournal, journal_dir, replay_scratch_dir, replay_state, restore_replay
 from offpolicy.rollout import Rollout, RolloutStats, for_replay
 from shared import compat
+from shared.config import ConfigError
 
 
 class LocalEngine(Engine):
     """Everything in this process: the collector runs ``parts.collect_policy`` itself on ``env`` (seeded by the
-    caller with ``seed``), so publishing only bumps its policy version."""
+    caller with ``seed``), so publishing only bumps its policy version; with ``collector.overlap`` the lean collector
+    runs in a child process one batch ahead, on weights handed over with each order (offpolicy/overlap.py)."""
 
     @staticmethod
     def resources(cfg: DictConfig) -> dict[str, float]:
         return {"CPU": float(cfg.threads), "GPU": 0.0}
+
+    @staticmethod
+    def check_config(cfg: DictConfig) -> None:
+        from offpolicy.collection import lean_collection
+
+        if cfg.collector.overlap and not lean_collection(cfg):
+            raise ConfigError("collector.overlap=true is not allowed here; allowed: with the lean collector "
+                              "(collector.lean=true and a Gymnasium state-vector env stepped in this process)")
+
+    @staticmethod
+    def describe_failure(exc: BaseException) -> str | None:
+        return str(exc) if isinstance(exc, CollectorLost) else None
 
     @staticmethod
     def training_env_copies(cfg: DictConfig) -> int:
@@ -32,13 +48,21 @@ class LocalEngine(Engine):
     def __init__(self, builder, env, parts: AlgoParts, run_dir: Path, seed: int):
         cfg = self.cfg = builder.cfg
         self.run_dir = run_dir
-        self.collector = builder.collector(env, parts.collect_policy, seed)
+        self.env = env
+        if cfg.collector.overlap:  # the lean collector in a child process, one batch ahead (offpolicy/overlap.py)
+            self.collector = BackgroundCollector(cfg, parts.collect_policy, seed, obs_norm_state(env))
+            self.policy_lag = 1
+        else:
+            self.collector = builder.collector(env, parts.collect_policy, seed)
         self.replay = builder.replay(run_dir)
         # a memmap replay keeps what its writes overwrite until the next checkpoints, so a resume can undo them
         self.journal = ReplayJournal(journal_dir(cfg, run_dir)) if cfg.replay.storage == "memmap" else None
         self.learner = builder.learner(parts, env.action_spec_unbatched)
         self.stats = RolloutStats()
         self._batches = iter(self.collector)
+
+    def describe(self) -> str:
+        return "collection in a child process one batch ahead (collector.overlap); " if self.policy_lag else ""
 
     def collect(self) -> Rollout:
         batch = for_replay(next(self._batches))
@@ -80,3 +104,4 @@ class LocalEngine(Engine):
 
     def close(self) -> None:
         self.collector.shutdown()
+        self.env.close()  # the lean collector closed it too (a second close does nothing); the background one not

@@ -179,6 +179,9 @@ class RayEngine(Engine):
     def check_config(cfg: DictConfig) -> None:
         """What the Ray engine needs on top of the local checks."""
         ray_cfg = cfg.ray
+        if cfg.collector.overlap:
+            raise ConfigError("collector.overlap=true is not allowed with engine=ray; allowed: false (the Ray "
+                              "collectors are processes of their own already)")
         if cfg.optim.batch_size % ray_cfg.world_size:
             raise ConfigError(f"optim.batch_size={cfg.optim.batch_size} is not allowed; allowed: a multiple of "
                               f"ray.world_size={ray_cfg.world_size} (the global batch is split evenly over the ranks)")
