@@ -17,7 +17,8 @@ local engine builds them (offpolicy/engines/local.py), with one torch thread:
                    traj ids, stacking the batch)
     raw_env_fraction  raw_env / collector: the share of collection that is the simulator
     lean_collector one batch of the engine's lean collector (offpolicy/collection.py, the default where it applies:
-                   a Gymnasium vector env stepped with numpy, one TensorDict per batch) over its env steps
+                   the Gymnasium copies stepped in a loop with numpy, the policy's plain-tensor ``act`` where it
+                   has one, one TensorDict per batch) over its env steps
     lean_overhead  lean_collector - raw_env - (tensor_policy, else policy): what is neither the simulator nor the
                    policy
     lean_raw_env_fraction  raw_env / lean_collector

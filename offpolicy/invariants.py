@@ -4,8 +4,8 @@ a checkpoint and prints one ``error:`` line).
 Documented relation between weights and optimiser steps: the learner's policy is published to the collectors after
 every round, so the transitions of round ``k`` (0-based, counted from the start of the run) carry
 ``policy_version == k`` (``k - 1`` with ``collector.overlap``, whose child collects a round ahead; the first round of a
-process carries the version it started from); each round runs exactly ``utd_ratio * env_steps_per_batch`` optimiser steps once replay holds
-``prefill_env_steps`` transitions (0 before).
+process carries the version it started from); each round runs exactly ``utd_ratio * env_steps_per_batch``
+optimiser steps once replay holds ``prefill_env_steps`` transitions (0 before).
 """
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ def build(cfg, env) -> AlgoParts:
                                                   double_dqn=cfg.dqn.double, action_space=action_spec))
     optimizer = nets.network_adam(cfg.optim, cfg.compile, loss.value_network_params.flatten_keys().values(), "actor")
     return AlgoParts(
-        collect_policy=EpsilonGreedyPolicy(qnet, greedy, action_spec.shape[-1]), eval_policy=qnet, exploration=greedy, loss=loss,
+        collect_policy=EpsilonGreedyPolicy(qnet, greedy, action_spec.shape[-1]), eval_policy=qnet,
+        exploration=greedy, loss=loss,
         groups=[OptimGroup("q", optimizer, ("loss",), cfg.optim.max_grad_norm)],
         target_updater=nets.target_updater(cfg.target, loss), exploration_value=lambda: float(greedy.eps),
         discrete=True,

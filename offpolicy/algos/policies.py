@@ -4,7 +4,8 @@ method that reads the same networks and buffers. torchrl's Collector runs the Te
 (offpolicy/collection.py) runs ``act``.
 
 Why a second path: at one env copy, a call through torchrl's TensorDict modules costs 90-155 µs per env step for
-networks whose arithmetic is 15-40 µs (``policy`` against ``tensor_policy`` in benchmarks/offpolicy_collection_cost.py).
+networks whose arithmetic is 15-40 µs (``policy`` against ``tensor_policy`` in
+benchmarks/offpolicy_collection_cost.py).
 Tests hold each ``act`` to its TensorDict path (tests/test_offpolicy_lean_collection.py).
 """
 from __future__ import annotations
@@ -46,7 +47,8 @@ def _squashed(actor: TensorDictSequential, observation: torch.Tensor) -> torch.T
 
 
 class TanhNormalActor(ProbabilisticActor):
-    """:func:`~offpolicy.algos.networks.tanh_normal_actor`'s class: torchrl's ``ProbabilisticActor`` plus :meth:`act`."""
+    """:func:`~offpolicy.algos.networks.tanh_normal_actor`'s class: torchrl's ``ProbabilisticActor`` plus
+    :meth:`act`."""
 
     def act(self, observation: torch.Tensor) -> torch.Tensor:
         """A sampled action ``[n, A]`` for observations ``[n, ...]``."""
@@ -56,7 +58,8 @@ class TanhNormalActor(ProbabilisticActor):
 
 
 class GaussianNoiseActor(TensorDictSequential):
-    """:func:`~offpolicy.algos.networks.continuous_actor` then torchrl's ``AdditiveGaussianModule`` (TD3, DDPG), plus :meth:`act`."""
+    """:func:`~offpolicy.algos.networks.continuous_actor` then torchrl's ``AdditiveGaussianModule`` (TD3, DDPG),
+    plus :meth:`act`."""
 
     def act(self, observation: torch.Tensor) -> torch.Tensor:
         """The deterministic action plus Gaussian noise (mean, std and the annealed sigma of the noise module),
