@@ -64,14 +64,12 @@ def test_batch_k_is_collected_with_the_policy_published_before_round_k_minus_1()
 
 
 def test_the_same_seed_collects_the_same_batches():
-    runs = []
-    for _ in range(2):
-        _, collector = _collector(seed=11)
-        try:
-            batches = iter(collector)
-            runs.append([next(batches), next(batches)])
-        finally:
-            collector.shutdown()
+    collectors = [_collector(seed=11)[1] for _ in range(2)]  # the two children start side by side
+    try:
+        runs = [[next(c), next(c)] for c in collectors]
+    finally:
+        for c in collectors:
+            c.shutdown()
     for a, b in zip(*runs):
         assert torch.equal(a["observation"], b["observation"]) and torch.equal(a["action"], b["action"])
 
