@@ -46,8 +46,8 @@ class Builder:
         ``cfg.seed``, and ``env`` gives only its specs and observation statistics), else torchrl's ``Collector``
         (with the policy on ``policy_device``: a Ray collector's GPU). Transitions carry the ``policy_version`` they
         were collected with (bumped by every weight publication). With ``compile.enabled`` the policy runs under
-        torch.compile too (one CartPole step of DQN's TensorDict policy: ~70 against ~120 µs, one check on a busy machine),
-        except a policy the lean collector runs on plain tensors (DQN's: ~40 µs eager)."""
+        torch.compile too (one CartPole step of DQN's TensorDict policy: ~70 against ~120 µs, one check on a busy
+        machine), except a policy the lean collector runs on plain tensors (DQN's: ~40 µs eager)."""
         from offpolicy.collection import LeanCollector, lean_collection
 
         cfg = self.cfg

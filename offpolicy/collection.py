@@ -17,7 +17,6 @@ noise); ``("next", "policy_version")`` the published version; ``("collector", "t
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 from omegaconf import DictConfig
@@ -52,7 +51,7 @@ class LeanCollector:
 
         n = cfg.env.num_envs
         self.spec_env, self.policy = spec_env, policy
-        # a policy that also acts on plain tensors (DQN's epsilon-greedy) skips the per-step TensorDict
+        # a policy that also acts on plain tensors (offpolicy/algos/policies.py) skips the per-step TensorDict
         self.act = policy.act if isinstance(policy, ActsOnTensors) else None
         self.steps = env_steps_per_batch // n
         # the copies stepped in a loop here, not by Gymnasium's SyncVectorEnv: its step costs ~20 µs more per call
@@ -83,9 +82,9 @@ class LeanCollector:
         reward = np.array([r[1] for r in results], dtype=np.float32)
         terminated = np.array([r[2] for r in results], dtype=bool)
         truncated = np.array([r[3] for r in results], dtype=bool)
-        obs = last
-        for i in np.flatnonzero(terminated | truncated):
-            obs = obs.copy() if obs is last else obs
+        ended = np.flatnonzero(terminated | truncated)
+        obs = last.copy() if len(ended) else last
+        for i in ended:
             obs[i] = self.envs[i].reset()[0]
         return last, obs, reward, terminated, truncated
 
