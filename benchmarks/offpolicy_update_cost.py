@@ -5,9 +5,11 @@ run; then one whole update (loss, backward, optimiser steps) in wall-clock ms, t
 chunked samples, checks, clips and target update) and, beside it, benchmarks/offpolicy_reference.py's update of the
 same algorithm on the same transitions (plain PyTorch; ``learner_to_reference``: above 1, the engine's step is
 slower), eager and, with ``compile=true``, the learner step compiled (``compile.enabled=true``:
-the learner's own compiled step, with its compile time and the recompilations after warm-up, which should be 0).
+the learner's own compiled step, with its compile time and the recompilations after warm-up, which should be 0;
+``skip_guards=true``: with ``compile.skip_guards=true``).
 
     nice -n 5 python benchmarks/offpolicy_update_cost.py [algo ...] [threads=1] [compile=false] [deactivate_vmap=true]
+                                                         [skip_guards=false]
 
 Prints JSON lines and appends them to benchmarks/results/offpolicy_update_cost.jsonl.
 """
@@ -89,7 +91,7 @@ def _reference_update(algo: str, cfg, transitions):
 
 
 def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
-            deactivate_vmap: bool = True) -> dict[str, float]:
+            deactivate_vmap: bool = True, skip_guards: bool = False) -> dict[str, float]:
     overrides = [f"algo={algo}", f"env={ENVS[algo]}", "optim.batch_size=256", "model.hidden=[256,256]",
                  "collector.env_steps_per_batch=1000", "collector.prefill_env_steps=1000"]
     cfg, _ = compose_config(overrides)
@@ -137,7 +139,9 @@ def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
         out["reference_update_wall"] = _wall_ms(_reference_update(algo, cfg, batch.reshape(-1)), n)
         out["learner_to_reference"] = out["learner_step_wall"] / out["reference_update_wall"]
         if compiled:
-            compiled_cfg, _ = compose_config([*overrides, "compile.enabled=true"])
+            torch.compiler.reset()  # each algorithm compiles from scratch (the step functions share their code)
+            compiled_cfg, _ = compose_config([*overrides, "compile.enabled=true",
+                                              f"compile.skip_guards={str(skip_guards).lower()}"])
             torch.manual_seed(0)
             fast = make_learner(compiled_cfg, Builder(compiled_cfg).parts(env), env.action_spec_unbatched,
                                 sample_shape=(batch_size,))
@@ -158,14 +162,16 @@ def main(argv: list[str]) -> None:
     options = dict(a.split("=", 1) for a in argv if "=" in a)
     threads, compiled = int(options.get("threads", 1)), options.get("compile", "false") == "true"
     no_vmap = options.get("deactivate_vmap", "true") == "true"  # the engine's setting (networks.DEACTIVATE_VMAP)
+    skip_guards = options.get("skip_guards", "false") == "true"  # compile.skip_guards for the compiled learner
     results = ROOT / "benchmarks" / "results" / "offpolicy_update_cost.jsonl"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for algo in algos:
-        for part, value in measure(algo, threads=threads, compiled=compiled, deactivate_vmap=no_vmap).items():
+        for part, value in measure(algo, threads=threads, compiled=compiled, deactivate_vmap=no_vmap,
+                                   skip_guards=skip_guards).items():
             unit = {"params": "count", "compile_s": "s", "compile_recompiles": "count", "compiled_speedup": "x",
                     "learner_to_reference": "x"}.get(part, "ms")
             line = {"bench": f"offpolicy_update_cost/{algo}", "metric": part, "value": round(value, 3),
-                    "unit": unit, "threads": threads, "deactivate_vmap": no_vmap}
+                    "unit": unit, "threads": threads, "deactivate_vmap": no_vmap, "skip_guards": skip_guards}
             print(json.dumps(line), flush=True)
             with results.open("a") as f:
                 f.write(json.dumps({**line, "time": stamp}) + "\n")

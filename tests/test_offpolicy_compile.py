@@ -61,14 +61,55 @@ def test_recompilation_after_the_warm_up_is_counted():
     assert learner.recompiles >= 1
 
 
-def test_the_optimiser_implementation_follows_this_runs_compile_switch():
-    """A checkpoint of an eager run (fused Adam) resumed with compile on keeps the traceable (foreach) Adam."""
-    eager, _, replay = _learner("sac")
-    eager.update(replay, 2, version=1)
+def test_skipped_guards_make_the_same_update_and_refuse_a_new_graph(monkeypatch):
+    """``compile.skip_guards``: after the warm-up the step runs with only the guards that tell its kinds apart, and
+    learns exactly what the fully guarded step learns (DDPG draws no random numbers). A batch of another size then
+    stops the step with torch's error (the graph is not silently reused), except on a step that checks all guards,
+    where it is compiled anew and counted."""
+    from offpolicy import learner as learner_module
+
+    overrides = ("optim.critic_max_grad_norm=0.5", "target.tau=0.1", "compile.enabled=true")
+    guarded, guarded_parts, replay = _learner("ddpg", *overrides)
+    skipping, skipping_parts, _ = _learner("ddpg", *overrides, "compile.skip_guards=true")
+    guarded.update(replay, 8, version=1)
+    out = skipping.update(replay, 8, version=1)
+    assert torch.equal(_all_params(skipping_parts), _all_params(guarded_parts))
+    assert out["compile/recompiles"] == 0
+    skipping.sample_shape = (16,)
+    with pytest.raises(RuntimeError, match="skip_guard_eval_unsafe"):
+        skipping.update(replay, 1, version=1)
+    monkeypatch.setattr(learner_module, "FULL_GUARDS_EVERY", skipping.steps + 1)  # the next step checks all guards
+    skipping.update(replay, 1, version=1)
+    assert skipping.recompiles >= 1
+
+
+def test_relu_is_the_same_function_compiled_and_eager():
+    """shared.models.ReLU (relu without a boolean mask under torch.compile) gives nn.ReLU's values and gradients."""
+    from shared.models import ReLU
+
+    x = torch.tensor([-2.0, -0.5, 0.0, 0.5, 3.0, float("nan")]).repeat(64, 1)
+    for fn in (ReLU(), torch.compile(ReLU())):
+        xs = x.clone().requires_grad_()
+        ys = fn(xs)
+        (ys.nan_to_num() * torch.arange(6.0)).sum().backward()
+        reference = x.clone().requires_grad_()
+        expected = torch.nn.ReLU()(reference)
+        (expected.nan_to_num() * torch.arange(6.0)).sum().backward()
+        torch.testing.assert_close(ys, expected, equal_nan=True)
+        torch.testing.assert_close(xs.grad, reference.grad, equal_nan=True)
+
+
+def test_a_checkpoint_resumes_with_this_runs_optimiser_implementation():
+    """A checkpoint written with the plain (foreach) Adam, as compiled runs before 2026-12-02 did, resumes with this
+    run's fused Adam, compiled or not."""
+    old, old_parts, replay = _learner("sac")
+    for optimizer in old_parts.optimizers.values():
+        optimizer.param_groups[0].update(fused=None, foreach=True)
+    old.update(replay, 2, version=1)
     compiled, parts, _ = _learner("sac", "compile.enabled=true")
-    compiled.load_state_dict(eager.state_dict())
+    compiled.load_state_dict(old.state_dict())
     for optimizer in parts.optimizers.values():
-        assert optimizer.param_groups[0]["fused"] is not True and optimizer.param_groups[0]["foreach"] is True
+        assert optimizer.param_groups[0]["fused"] is True and not optimizer.param_groups[0]["foreach"]
     assert compiled.steps == 2 and compiled.update(replay, 4, version=1)["compile/recompiles"] == 0
 
 
