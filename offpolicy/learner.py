@@ -203,15 +203,15 @@ class Learner:
         critic_only = self.critic_only if keys == [self.critic_loss_key] else None
         loss, updater, grad_sync = self.loss, self.target_updater, self.grad_sync
 
-        def forward_backward(sample: TensorDictBase) -> dict[str, torch.Tensor]:
+        def forward(sample: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             if critic_only is not None:
                 value, td_error = critic_only(sample)
                 losses = {self.critic_loss_key: value}
                 sample.set("td_error", td_error)
             else:
                 losses = dict(loss(sample).items())
-            sum(losses[k] for k in keys).backward()
-            return {k: v.detach() for k, v in losses.items() if v.numel() == 1}  # DDPGLoss adds per-sample values
+            scalars = {k: v.detach() for k, v in losses.items() if v.numel() == 1}  # DDPGLoss adds per-sample values
+            return sum(losses[k] for k in keys), scalars
 
         def apply() -> dict[str, torch.Tensor]:
             norms = {}
@@ -228,10 +228,14 @@ class Learner:
             # the clips and optimiser steps stay eager: the fused Adam kernel is one call already (SAC's three groups:
             # 0.40 against 0.54 ms compiled, 1 or 2 threads), and torch.optim's own graph breaks (its step's
             # no-grad switch) inside the loop over groups made dynamo give up on the whole function anyway
-            forward_backward = torch.compile(forward_backward, mode=self.compile.mode)
+            # backward() stays outside: inside, it broke the graph, and the rest of the function ran as a second
+            # compiled frame with its own guard lookup (TD3 here: 2 lookups and ~0.34 ms of frame overhead a step,
+            # now 1 and ~0.08 ms)
+            forward = torch.compile(forward, mode=self.compile.mode)
 
         def step(sample: TensorDictBase) -> dict[str, torch.Tensor]:
-            losses = forward_backward(sample)
+            total, losses = forward(sample)
+            total.backward()
             if grad_sync is not None:  # the ranks' gradients averaged between backward and the optimiser steps
                 for group in groups:
                     grad_sync(group.params())
