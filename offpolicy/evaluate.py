@@ -27,16 +27,15 @@ from shared.rendering import render_frame
 
 def play_episodes(env, policy, episodes: int, max_steps: int, render: bool = False,
                   stop: Callable[[], bool] = lambda: False):
-    """Play ``episodes`` deterministic episodes (fewer if ``stop()`` turns true); return ``(returns, lengths,
-    frames_of_first_episode)``."""
-    from torchrl.envs.utils import ExplorationType, set_exploration_type
-
+    """Play ``episodes`` episodes of the deterministic ``policy`` (fewer if ``stop()`` turns true); return
+    ``(returns, lengths, frames_of_first_episode)``. The exploration type is not set: tensordict keeps it process-wide,
+    and this runs in the evaluator's thread beside training (the eval policies do not read it)."""
     returns, lengths, frames = [], [], []
 
     def grab(env_, td):
         frames.append(render_frame(env_))
 
-    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+    with torch.no_grad():
         for i in range(episodes):
             if stop():
                 break

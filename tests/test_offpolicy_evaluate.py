@@ -59,3 +59,45 @@ def test_bad_arguments_are_one_error_line_and_exit_2(args, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+@pytest.mark.parametrize("algo", ["sac", "crossq", "redq"])
+def test_the_eval_policy_is_deterministic_whatever_the_exploration_type(algo):
+    """tensordict keeps the exploration type process-wide and the learner's losses set RANDOM while the evaluator's
+    thread plays: the stochastic actors' eval policy gives the DETERMINISTIC actions under any setting."""
+    from offpolicy_helpers import smoke_parts
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+    _, _, parts, batch = smoke_parts(algo)
+    observations = batch[:16].select("observation")
+    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+        expected = parts.collect_policy(observations.clone())["action"]
+    for setting in (ExplorationType.RANDOM, None):
+        with torch.no_grad(), set_exploration_type(setting):
+            assert torch.equal(parts.eval_policy(observations.clone())["action"], expected)
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):  # the collection policy does sample
+        assert not torch.equal(parts.collect_policy(observations.clone())["action"], expected)
+
+
+def test_playing_episodes_leaves_the_process_wide_exploration_type_alone():
+    """The evaluator thread's episodes must not set tensordict's process-wide exploration type: the training thread
+    would see it (a compiled learner step recompiled on it)."""
+    from offpolicy_helpers import smoke_parts
+    from tensordict.nn import TensorDictModuleBase
+    from torchrl.envs.utils import exploration_type
+
+    from offpolicy.envs import make_eval_env
+    from offpolicy.evaluate import play_episodes
+
+    cfg, _, parts, _ = smoke_parts("sac")
+    seen = []
+
+    class Recording(TensorDictModuleBase):
+        in_keys, out_keys = parts.eval_policy.in_keys, parts.eval_policy.out_keys
+
+        def forward(self, tensordict):
+            seen.append(exploration_type())
+            return parts.eval_policy(tensordict)
+
+    returns, lengths, _ = play_episodes(make_eval_env(cfg), Recording(), episodes=1, max_steps=20)
+    assert lengths == [20] and seen and set(seen) == {None}

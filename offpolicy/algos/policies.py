@@ -7,11 +7,13 @@ Why a second path: at one env copy, a call through torchrl's TensorDict modules 
 networks whose arithmetic is 15-40 µs (``policy`` against ``tensor_policy`` in
 benchmarks/offpolicy_collection_cost.py).
 Tests hold each ``act`` to its TensorDict path (tests/test_offpolicy_lean_collection.py).
+
+:class:`DeterministicActor` is the evaluation policy of the stochastic actors (SAC, CrossQ, REDQ).
 """
 from __future__ import annotations
 
 import torch
-from tensordict.nn import TensorDictSequential
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torch.nn import functional as F
 from torchrl.modules import AdditiveGaussianModule, ProbabilisticActor
@@ -78,3 +80,20 @@ def noisy_policy(actor: TensorDictSequential, noise: nn.Module | None) -> nn.Mod
     if isinstance(noise, AdditiveGaussianModule):
         return GaussianNoiseActor(actor, noise)
     return TensorDictSequential(actor, noise)
+
+
+class DeterministicActor(TensorDictModuleBase):
+    """A probabilistic actor's evaluation policy: the deterministic sample of its distribution (what torchrl's
+    DETERMINISTIC exploration type gives), read without the exploration type. Why: tensordict 0.14.3 keeps that type in
+    one process-wide variable, so the evaluator thread's ``set_exploration_type(DETERMINISTIC)`` leaked into the
+    training thread (a compiled learner step recompiled on it, 2026-12-02) and the losses' RANDOM into evaluation."""
+
+    def __init__(self, actor: ProbabilisticActor):
+        super().__init__()
+        self.actor = actor
+        self.in_keys = list(actor.in_keys)
+        self.out_keys = ["action"]
+
+    def forward(self, tensordict):
+        tensordict.set("action", self.actor.get_dist(tensordict).deterministic_sample)
+        return tensordict

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
+from offpolicy.algos.policies import DeterministicActor
 from shared.config import Rule
 
 
@@ -28,7 +29,7 @@ def build(cfg, env) -> AlgoParts:
     groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue",
                                       actor_every=actor_every)
     return AlgoParts(
-        collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
+        collect_policy=actor, eval_policy=DeterministicActor(actor), exploration=None, loss=loss,
         groups=groups + nets.alpha_group(cfg.compile, loss, cfg.redq, every=actor_every),
         target_updater=nets.target_updater(cfg.target, loss),
         exploration_value=nets.alpha_value(loss),

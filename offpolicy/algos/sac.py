@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
+from offpolicy.algos.policies import DeterministicActor
 from shared.config import Rule
 
 
@@ -20,7 +21,7 @@ def build(cfg, env) -> AlgoParts:
         action_spec=action_spec, deactivate_vmap=nets.DEACTIVATE_VMAP))
     groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue")
     return AlgoParts(
-        collect_policy=actor, eval_policy=actor, exploration=None, loss=loss,
+        collect_policy=actor, eval_policy=DeterministicActor(actor), exploration=None, loss=loss,
         groups=groups + nets.alpha_group(cfg.compile, loss, cfg.sac),
         target_updater=nets.target_updater(cfg.target, loss), td_error_squared=False,
         exploration_value=nets.alpha_value(loss),
