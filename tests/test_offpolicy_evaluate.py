@@ -80,8 +80,9 @@ def test_the_eval_policy_is_deterministic_whatever_the_exploration_type(algo):
 
 
 def test_playing_episodes_leaves_the_process_wide_exploration_type_alone():
-    """The evaluator thread's episodes must not set tensordict's process-wide exploration type: the training thread
-    would see it (a compiled learner step recompiled on it)."""
+    """The evaluator thread's episodes must not set tensordict's process-wide exploration type, not even for the time
+    of a call (torchrl's ``get_dist`` does): the training thread would see it (a compiled learner step recompiled on
+    it). The type is recorded around the eval policy's calls and inside its network's forward."""
     from offpolicy_helpers import smoke_parts
     from tensordict.nn import TensorDictModuleBase
     from torchrl.envs.utils import exploration_type
@@ -97,7 +98,14 @@ def test_playing_episodes_leaves_the_process_wide_exploration_type_alone():
 
         def forward(self, tensordict):
             seen.append(exploration_type())
-            return parts.eval_policy(tensordict)
+            tensordict = parts.eval_policy(tensordict)
+            seen.append(exploration_type())
+            return tensordict
 
-    returns, lengths, _ = play_episodes(make_eval_env(cfg), Recording(), episodes=1, max_steps=20)
-    assert lengths == [20] and seen and set(seen) == {None}
+    network = parts.eval_policy.actor.module[0].module
+    hook = network.register_forward_pre_hook(lambda module, args: seen.append(exploration_type()))
+    try:
+        returns, lengths, _ = play_episodes(make_eval_env(cfg), Recording(), episodes=1, max_steps=20)
+    finally:
+        hook.remove()
+    assert lengths == [20] and len(seen) == 60 and set(seen) == {None}

@@ -83,17 +83,21 @@ def noisy_policy(actor: TensorDictSequential, noise: nn.Module | None) -> nn.Mod
 
 
 class DeterministicActor(TensorDictModuleBase):
-    """A probabilistic actor's evaluation policy: the deterministic sample of its distribution (what torchrl's
-    DETERMINISTIC exploration type gives), read without the exploration type. Why: tensordict 0.14.3 keeps that type in
-    one process-wide variable, so the evaluator thread's ``set_exploration_type(DETERMINISTIC)`` leaked into the
-    training thread (a compiled learner step recompiled on it, 2026-12-02) and the losses' RANDOM into evaluation."""
+    """A :class:`TanhNormalActor`'s evaluation policy: the deterministic sample of its distribution (what torchrl's
+    DETERMINISTIC exploration type gives), computed without tensordict's exploration type. Why: tensordict 0.14.3 keeps
+    that type in one process-wide variable (its ``get_dist`` sets it too), so the evaluator thread's DETERMINISTIC
+    leaked into the training thread (a compiled learner step recompiled on it, 2026-12-02) and the losses' RANDOM
+    into evaluation."""
 
-    def __init__(self, actor: ProbabilisticActor):
+    def __init__(self, actor: TanhNormalActor):
         super().__init__()
         self.actor = actor
-        self.in_keys = list(actor.in_keys)
+        self.in_keys = list(actor.module[0].in_keys)
         self.out_keys = ["action"]
 
     def forward(self, tensordict):
-        tensordict.set("action", self.actor.get_dist(tensordict).deterministic_sample)
+        params, sampler = self.actor.module
+        loc, scale = params.module(*(tensordict.get(key) for key in self.in_keys))
+        distribution = sampler.distribution_class(loc, scale, **sampler.distribution_kwargs)
+        tensordict.set("action", distribution.deterministic_sample)
         return tensordict
