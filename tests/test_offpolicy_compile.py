@@ -63,14 +63,14 @@ def test_recompilation_after_the_warm_up_is_counted():
 
 def test_skipped_guards_make_the_same_update_and_refuse_a_new_graph(monkeypatch):
     """``compile.skip_guards``: after the warm-up the step runs with only the guards that tell its kinds apart, and
-    learns exactly what the fully guarded step learns (DDPG draws no random numbers). A batch of another size then
+    learns exactly what the fully guarded step learns (DQN draws no random numbers). A batch of another size then
     stops the step with torch's error (the graph is not silently reused), except on a step that checks all guards,
     where it is compiled anew and counted."""
     from offpolicy import learner as learner_module
 
-    overrides = ("optim.critic_max_grad_norm=0.5", "target.tau=0.1", "compile.enabled=true")
-    guarded, guarded_parts, replay = _learner("ddpg", *overrides)
-    skipping, skipping_parts, _ = _learner("ddpg", *overrides, "compile.skip_guards=true")
+    overrides = ("optim.max_grad_norm=0.5", "target.mode=hard", "target.hard_every=2", "compile.enabled=true")
+    guarded, guarded_parts, replay = _learner("dqn", *overrides)
+    skipping, skipping_parts, _ = _learner("dqn", *overrides, "compile.skip_guards=true")
     guarded.update(replay, 8, version=1)
     out = skipping.update(replay, 8, version=1)
     assert torch.equal(_all_params(skipping_parts), _all_params(guarded_parts))
