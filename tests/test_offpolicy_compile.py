@@ -68,6 +68,9 @@ def test_skipped_guards_make_the_same_update_and_refuse_a_new_graph(monkeypatch)
     where it is compiled anew and counted."""
     from offpolicy import learner as learner_module
 
+    # a fresh dynamo cache: skipped guards choose among every graph the process compiled for this step function, and
+    # an earlier test's learner compiled one for batches of 16 (a training process has one learner)
+    torch.compiler.reset()
     overrides = ("optim.max_grad_norm=0.5", "target.mode=hard", "target.hard_every=2", "compile.enabled=true")
     guarded, guarded_parts, replay = _learner("dqn", *overrides)
     skipping, skipping_parts, _ = _learner("dqn", *overrides, "compile.skip_guards=true")
