@@ -61,29 +61,17 @@ def test_recompilation_after_the_warm_up_is_counted():
     assert learner.recompiles >= 1
 
 
-def test_skipped_guards_make_the_same_update_and_refuse_a_new_graph(monkeypatch):
+def test_skipped_guards_make_the_same_update():
     """``compile.skip_guards``: after the warm-up the step runs with only the guards that tell its kinds apart, and
-    learns exactly what the fully guarded step learns (DQN draws no random numbers). A batch of another size then
-    stops the step with torch's error (the graph is not silently reused), except on a step that checks all guards,
-    where it is compiled anew and counted."""
-    from offpolicy import learner as learner_module
-
-    # a fresh dynamo cache: skipped guards choose among every graph the process compiled for this step function, and
-    # an earlier test's learner compiled one for batches of 16 (a training process has one learner)
-    torch.compiler.reset()
+    learns exactly what the fully guarded step learns (DQN draws no random numbers), without recompiling."""
     overrides = ("optim.max_grad_norm=0.5", "target.mode=hard", "target.hard_every=2", "compile.enabled=true")
     guarded, guarded_parts, replay = _learner("dqn", *overrides)
     skipping, skipping_parts, _ = _learner("dqn", *overrides, "compile.skip_guards=true")
     guarded.update(replay, 8, version=1)
     out = skipping.update(replay, 8, version=1)
+    assert not torch.equal(_all_params(skipping_parts), _all_params(_learner("dqn", *overrides)[1]))  # it learned
     assert torch.equal(_all_params(skipping_parts), _all_params(guarded_parts))
     assert out["compile/recompiles"] == 0
-    skipping.sample_shape = (16,)
-    with pytest.raises(RuntimeError, match="skip_guard_eval_unsafe"):
-        skipping.update(replay, 1, version=1)
-    monkeypatch.setattr(learner_module, "FULL_GUARDS_EVERY", skipping.steps + 1)  # the next step checks all guards
-    skipping.update(replay, 1, version=1)
-    assert skipping.recompiles >= 1
 
 
 def test_relu_is_the_same_function_compiled_and_eager():
