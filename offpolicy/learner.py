@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from math import lcm
 from typing import Callable
@@ -178,12 +179,10 @@ class Learner:
         self.due = [g for g in self.groups if self.steps % g.every == 0]
         targets_due = self.target_updater is not None and any(g.moves_targets for g in self.due)
         soft = targets_due and self.target_updater.soft
-        step_function = self._step_function(tuple(g.name for g in self.due), soft)
-        if self.compile.skip_guards and self._graphs_after_warmup is not None and self.steps % FULL_GUARDS_EVERY:
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                losses = step_function(sample)
-        else:
-            losses = step_function(sample)
+        skip_guards = (self.compile.skip_guards and self._graphs_after_warmup is not None
+                       and self.steps % FULL_GUARDS_EVERY)
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if skip_guards else nullcontext():
+            losses = self._step_function(tuple(g.name for g in self.due), soft)(sample)
         if targets_due and self.target_updater.tick() and not soft:
             self.target_updater.move_()  # a hard copy every hard_every updates: eager, outside the compiled step
         for key, value in losses.items():

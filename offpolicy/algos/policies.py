@@ -52,11 +52,16 @@ class TanhNormalActor(ProbabilisticActor):
     """:func:`~offpolicy.algos.networks.tanh_normal_actor`'s class: torchrl's ``ProbabilisticActor`` plus
     :meth:`act`."""
 
-    def act(self, observation: torch.Tensor) -> torch.Tensor:
-        """A sampled action ``[n, A]`` for observations ``[n, ...]``."""
+    def distribution(self, observation: torch.Tensor):
+        """The action distribution for observations ``[n, ...]``, built from the network and the sampler's class and
+        kwargs (no TensorDict, no exploration type)."""
         params, sampler = self.module
         loc, scale = params.module(observation)
-        return sampler.distribution_class(loc, scale, **sampler.distribution_kwargs).sample()
+        return sampler.distribution_class(loc, scale, **sampler.distribution_kwargs)
+
+    def act(self, observation: torch.Tensor) -> torch.Tensor:
+        """A sampled action ``[n, A]`` for observations ``[n, ...]``."""
+        return self.distribution(observation).sample()
 
 
 class GaussianNoiseActor(TensorDictSequential):
@@ -96,8 +101,6 @@ class DeterministicActor(TensorDictModuleBase):
         self.out_keys = ["action"]
 
     def forward(self, tensordict):
-        params, sampler = self.actor.module
-        loc, scale = params.module(*(tensordict.get(key) for key in self.in_keys))
-        distribution = sampler.distribution_class(loc, scale, **sampler.distribution_kwargs)
-        tensordict.set("action", distribution.deterministic_sample)
+        observation = tensordict.get(self.in_keys[0])
+        tensordict.set("action", self.actor.distribution(observation).deterministic_sample)
         return tensordict
