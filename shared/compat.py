@@ -93,6 +93,30 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+# --- torchrl: TD3's actor loss ---------------------------------------------------------------------------------------
+
+
+def td3_actor_loss_on_first_q(loss, tensordict):
+    """torchrl 0.14.1's ``TD3Loss.actor_loss`` evaluating only the first Q network. torchrl's runs all
+    ``num_qvalue_nets`` Q networks on the actor's actions, forward and backward, and keeps the first one's value
+    (``-Q_1``, as the TD3 paper's actor loss): the others' work is thrown away (a Q forward and backward on every
+    actor step). This is the same body with the first network's detached parameters; the private pieces it needs
+    are the loss's detached-parameter cache ``_cached_detach_qvalue_network_params``, ``_maybe_get_priority_weight``,
+    ``_reduce_loss`` and ``_clear_weakrefs`` (its compile-time cleanup). Returns ``(loss_actor, metadata)`` as
+    torchrl's, with ``state_action_value_actor`` of the first network only."""
+    weights = loss._maybe_get_priority_weight(tensordict)
+    actor_td = tensordict.select(*loss.actor_network.in_keys, strict=False)
+    with loss.actor_network_params.to_module(loss.actor_network, preserve_module_state=False):
+        actor_td = loss.actor_network(actor_td)
+    first_q = loss._cached_detach_qvalue_network_params[0]
+    with first_q.to_module(loss.qvalue_network, preserve_module_state=False):
+        value = loss.qvalue_network(actor_td.select(*loss.qvalue_network.in_keys, strict=False))
+    value = value.get(loss.tensor_keys.state_action_value).squeeze(-1)
+    loss_actor = loss._reduce_loss(-value, tensordict=tensordict, weights=weights)
+    loss._clear_weakrefs(tensordict, "actor_network_params", "qvalue_network_params")
+    return loss_actor, {"state_action_value_actor": value.detach()}
+
+
 # --- torchrl: replay -------------------------------------------------------------------------------------------------
 # torchrl 0.14.1 keeps a storage's data under the state-dict key "_storage" and has no public way to reopen a
 # LazyMemmapStorage's files: a memmap checkpoint keeps only the length, cursor and sampler state, and resume maps the

@@ -155,7 +155,9 @@ def test_pseudo_vmap_without_pytree_edits_gives_torchrl_s_losses(algo, monkeypat
         torch.manual_seed(1)
         losses.append({k: v.detach() for k, v in parts.loss(batch.clone()).items() if v.numel() == 1})
         registered.append(set(seen))
-    assert registered == [{False}, {True}]  # torchrl's edits the registry around every Q-network call; ours does not
+    # torchrl's takes TensorDict out of the registry around its ensemble's Q-network calls (TD3's actor loss calls
+    # its one Q network outside the ensemble loop, so there both are seen); ours never does
+    assert False in registered[0] and registered[1] == {True}
     assert losses[0].keys() == losses[1].keys()
     for key in losses[0]:
         assert torch.equal(losses[0][key], losses[1][key]), key
@@ -168,3 +170,43 @@ def test_compiled_graphs_counts_new_graphs():
     assert compat.compiled_graphs() == before + 1
     f(torch.ones(3))
     assert compat.compiled_graphs() == before + 1  # the same graph reused
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_td3_actor_loss_on_first_q_equals_torchrl_s_with_one_q_network_call(prioritized):
+    """The actor loss on the first Q network: the same value and the same actor gradients as torchrl's TD3Loss
+    (which evaluates both Q networks and keeps the first), one Q-network call instead of two, no gradient into the
+    critics; with priority weights in the batch, weighted as torchrl weights them."""
+    from torchrl.objectives import TD3Loss
+
+    from offpolicy.builder import Builder
+    from offpolicy.config import compose_config
+    from offpolicy.envs import make_train_env
+
+    cfg, _ = compose_config(["algo=td3", "env=Pendulum-v1", "profile=smoke"])
+    env = make_train_env(cfg)
+    torch.manual_seed(0)
+    batch = env.rollout(40).reshape(-1)
+    loss = Builder(cfg).parts(env).loss
+    if prioritized:
+        batch.set(loss.tensor_keys.priority_weight, torch.rand(batch.shape))
+    calls = []
+    loss.qvalue_network.register_forward_pre_hook(lambda *_: calls.append(1))
+    results = []
+    for actor_loss in (lambda td: TD3Loss.actor_loss(loss, td), loss.actor_loss):
+        calls.clear()
+        value, metadata = actor_loss(batch.clone())
+        value.backward()
+        actor_params = [p for p in loss.actor_network_params.values(True, True) if p.requires_grad]
+        grads = [p.grad.clone() for p in actor_params]
+        for p in actor_params:
+            p.grad = None
+        assert all(p.grad is None for p in loss.qvalue_network_params.values(True, True))
+        results.append((value.detach(), grads, metadata["state_action_value_actor"], len(calls)))
+    (theirs, their_grads, their_q, their_calls), (ours, our_grads, our_q, our_calls) = results
+    assert (their_calls, our_calls) == (2, 1)
+    assert torch.allclose(ours, theirs, atol=1e-6)
+    assert len(our_grads) == len(their_grads) > 0
+    for a, b in zip(our_grads, their_grads):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert torch.allclose(our_q, their_q[0])

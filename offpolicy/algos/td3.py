@@ -2,19 +2,29 @@
 Q networks, target policy smoothing, and the actor and the targets moving every ``td3.policy_delay`` critic steps."""
 from __future__ import annotations
 
+from torchrl.objectives import TD3Loss
+
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import noisy_policy
+from shared import compat
 from shared.config import Rule
 
 
-def make_loss(cfg, actor, critic, action_spec):
-    """torchrl's TD3Loss over ``actor`` and ``critic``, with the target smoothing noise per action dimension."""
-    from torchrl.objectives import TD3Loss
+class FirstQTD3Loss(TD3Loss):
+    """torchrl's TD3Loss whose actor loss runs only the first Q network, the one whose value it keeps: torchrl 0.14.1
+    also runs the second, forward and backward, and discards it (shared/compat.py)."""
 
+    def actor_loss(self, tensordict):
+        return compat.td3_actor_loss_on_first_q(self, tensordict)
+
+
+def make_loss(cfg, actor, critic, action_spec):
+    """torchrl's TD3Loss over ``actor`` and ``critic`` (its actor loss on the first Q network only), with the target
+    smoothing noise per action dimension."""
     nets.before_losses()
-    loss = TD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2, loss_function=cfg.loss.function,
-                   deactivate_vmap=nets.DEACTIVATE_VMAP)
+    loss = FirstQTD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2,
+                         loss_function=cfg.loss.function, deactivate_vmap=nets.DEACTIVATE_VMAP)
     # target smoothing in units of each dimension's half range, as the TD3 paper (0.2 and 0.5 x max_action) and as
     # the exploration noise here; torchrl's policy_noise and noise_clip are absolute. TD3Loss scales and clamps its
     # noise with them as given, so per-dimension tensors work; as buffers they follow the loss to its device, and
