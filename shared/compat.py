@@ -113,7 +113,8 @@ def td3_actor_loss_on_first_q(loss, tensordict):
         value = loss.qvalue_network(actor_td.select(*loss.qvalue_network.in_keys, strict=False))
     value = value.get(loss.tensor_keys.state_action_value).squeeze(-1)
     loss_actor = loss._reduce_loss(-value, tensordict=tensordict, weights=weights)
-    loss._clear_weakrefs(tensordict, "actor_network_params", "qvalue_network_params")
+    loss._clear_weakrefs(tensordict, "actor_network_params", "qvalue_network_params", "target_actor_network_params",
+                         "target_qvalue_network_params")  # the same cleanup as torchrl's
     return loss_actor, {"state_action_value_actor": value.detach()}
 
 
