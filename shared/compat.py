@@ -35,6 +35,22 @@ def fast_from_any() -> None:
     TensorDictBase.from_any = classmethod(from_any)
 
 
+# --- torch: modules --------------------------------------------------------------------------------------------------
+
+
+def has_forward_hooks(module: torch.nn.Module) -> bool:
+    """Whether calling ``module`` would run forward (pre-)hooks: its own or a submodule's (torch 2.13 keeps them in
+    the private ``_forward_hooks`` / ``_forward_pre_hooks`` dicts) or global ones (``register_module_forward_hook``,
+    kept in ``torch.nn.modules.module._global_forward_hooks`` / ``_global_forward_pre_hooks``). No public accessor
+    exists; :func:`shared.models.chained_forward` calls layers' forwards directly only where nothing would be
+    skipped."""
+    from torch.nn.modules import module as module_mod
+
+    if module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+
+
 # --- torchrl / torch: compiling the learner step ---------------------------------------------------------------------
 
 

@@ -20,6 +20,33 @@ class ReLU(nn.Module):
         return torch.relu(x)
 
 
+def chained_forward(module: nn.Module):
+    """``module``'s forward as its layers' own ``forward`` methods called in turn, for a network that is a chain of
+    ``nn.Sequential`` containers (an ``nn.Identity`` is skipped; any other module is one layer, called as it is):
+    the same arithmetic without ``nn.Module.__call__`` around every layer. Why: at batch 1 (acting in one env copy)
+    that call machinery is a third of a small MLP's forward here (CartPole's [120, 84] Q network: 26 against 38 µs).
+    Forward hooks would be skipped, so a module with any (its own, a submodule's or global ones) gets its ordinary
+    call instead."""
+    from shared import compat
+
+    if compat.has_forward_hooks(module):
+        return module
+
+    def layers(m: nn.Module) -> list[nn.Module]:
+        if isinstance(m, nn.Sequential):
+            return [leaf for child in m for leaf in layers(child)]
+        return [] if isinstance(m, nn.Identity) else [m]
+
+    steps = [layer.forward for layer in layers(module)]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        for step in steps:
+            x = step(x)
+        return x
+
+    return forward
+
+
 def _orthogonal(module: nn.Module, gain: float) -> nn.Module:
     for layer in module.modules():
         if isinstance(layer, (nn.Conv2d, nn.Linear)):

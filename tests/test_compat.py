@@ -20,6 +20,21 @@ def test_fast_from_any_returns_plain_tensors_and_still_converts_the_rest():
     assert isinstance(converted, TensorDictBase) and torch.equal(converted["a"], torch.ones(2))
 
 
+def test_has_forward_hooks_sees_module_submodule_and_global_hooks():
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    assert not compat.has_forward_hooks(net)
+    handles = [net[0].register_forward_hook(lambda *_: None)]
+    assert compat.has_forward_hooks(net)
+    handles[0].remove()
+    handles = [net.register_forward_pre_hook(lambda *_: None)]
+    assert compat.has_forward_hooks(net)
+    handles[0].remove()
+    handles = [torch.nn.modules.module.register_module_forward_hook(lambda *_: None)]
+    assert compat.has_forward_hooks(net)
+    handles[0].remove()
+    assert not compat.has_forward_hooks(net)
+
+
 def _memmap_buffer(path):
     from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer
 

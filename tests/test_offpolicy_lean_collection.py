@@ -32,35 +32,43 @@ def _batch(algo, env_name, *overrides, seed=3):
         collector.shutdown()
 
 
-@pytest.mark.parametrize("algo, env_name", [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")])
-def test_every_transition_is_the_envs_own(algo, env_name):
-    """Replay the recorded actions in a fresh Gymnasium env from the same seed: observations, rewards, terminations,
-    truncations and final observations match step for step, across episode ends and across two batches."""
-    cfg, collector, first, second = _batch(algo, env_name)
+@pytest.mark.parametrize("algo, env_name, copies", [("dqn", "CartPole-v1", 1), ("sac", "Pendulum-v1", 1),
+                                                    ("dqn", "CartPole-v1", 4)])
+def test_every_transition_is_the_envs_own(algo, env_name, copies):
+    """Replay each copy's recorded actions in a fresh Gymnasium env from its seed: observations, rewards,
+    terminations, truncations, final observations, step counts and episode returns match step for step, across
+    episode ends and across two batches (the batch's bookkeeping is computed at its end, from what it carried)."""
+    cfg, collector, first, second = _batch(algo, env_name, f"env.num_envs={copies}")  # 400 steps a batch
     assert isinstance(collector, LeanCollector)
-    batch = torch.cat([first, second], dim=1)[0]  # the one env copy, 800 steps
-    env = gym.make(env_name)
-    obs, _ = env.reset(seed=3)
-    episodes, length, total = 0, 0, 0.0
-    for t in range(batch.shape[0]):
-        assert torch.allclose(batch["observation"][t], torch.as_tensor(obs, dtype=torch.float32))
-        assert bool(batch["is_init"][t]) == (length == 0)
-        action = batch["action"][t]
-        obs, reward, terminated, truncated, _ = env.step(int(action.argmax()) if algo == "dqn" else action.numpy())
-        length, total = length + 1, total + float(reward)
-        nxt = batch["next"][t]
-        assert torch.allclose(nxt["observation"], torch.as_tensor(obs, dtype=torch.float32))  # the real last one
-        assert float(nxt["reward"]) == pytest.approx(float(reward))
-        assert (bool(nxt["terminated"]), bool(nxt["truncated"])) == (terminated, truncated)
-        assert bool(nxt["done"]) == (terminated or truncated)
-        assert int(nxt["step_count"]) == length and float(nxt["episode_reward"]) == pytest.approx(total, rel=1e-5)
-        if terminated or truncated:
-            obs, _ = env.reset()
-            episodes, length, total = episodes + 1, 0, 0.0
-    assert episodes >= 3  # CartPole's random-policy episodes end often; Pendulum is truncated every 200 steps
-    ids = batch["collector", "traj_ids"]
-    starts = batch["is_init"].reshape(-1)
-    assert torch.equal(ids[1:] != ids[:-1], starts[1:])  # a new trajectory id exactly where an episode starts
+    both = torch.cat([first, second], dim=1)  # [copies, 2 x 400 / copies]
+    episode_ids = []
+    for copy in range(copies):
+        batch = both[copy]
+        env = gym.make(env_name)
+        obs, _ = env.reset(seed=3 + copy)
+        episodes, length, total = 0, 0, 0.0
+        for t in range(batch.shape[0]):
+            assert torch.allclose(batch["observation"][t], torch.as_tensor(obs, dtype=torch.float32))
+            assert bool(batch["is_init"][t]) == (length == 0)
+            assert int(batch["step_count"][t]) == length
+            action = batch["action"][t]
+            obs, reward, terminated, truncated, _ = env.step(int(action.argmax()) if algo == "dqn" else action.numpy())
+            length, total = length + 1, total + float(reward)
+            nxt = batch["next"][t]
+            assert torch.allclose(nxt["observation"], torch.as_tensor(obs, dtype=torch.float32))  # the real last one
+            assert float(nxt["reward"]) == pytest.approx(float(reward))
+            assert (bool(nxt["terminated"]), bool(nxt["truncated"])) == (terminated, truncated)
+            assert bool(nxt["done"]) == (terminated or truncated)
+            assert int(nxt["step_count"]) == length and float(nxt["episode_reward"]) == pytest.approx(total, rel=1e-5)
+            if terminated or truncated:
+                obs, _ = env.reset()
+                episodes, length, total = episodes + 1, 0, 0.0
+        assert episodes >= 3  # random-policy CartPole episodes end often; Pendulum is truncated every 200 steps
+        ids = batch["collector", "traj_ids"]
+        starts = batch["is_init"].reshape(-1)
+        assert torch.equal(ids[1:] != ids[:-1], starts[1:])  # a new trajectory id exactly where an episode starts
+        episode_ids += ids.unique().tolist()
+    assert len(episode_ids) == len(set(episode_ids))  # no two episodes of any copies share an id
     assert torch.equal(second["next", "policy_version"], torch.zeros_like(second["next", "policy_version"]))
 
 
@@ -226,3 +234,24 @@ def test_tanh_normal_policys_tensor_path_samples_its_tensordict_paths_distributi
     assert torch.allclose(sampled.mean(0), expected.mean(0), atol=0.01)  # 4 standard errors
     assert torch.allclose(sampled.std(0), expected.std(0), atol=0.01)
     assert float(sampled.abs().max()) <= 1.0 and float(expected.std(0).max()) > 0.5  # a stochastic policy
+
+
+def test_chained_forward_is_the_networks_forward_and_keeps_hooks():
+    """The layers' forwards in turn give the network's output (MLP, a nested chain with an Identity and a dueling
+    head); a network with a forward hook is returned as it is, so its hook still runs."""
+    from torch import nn
+
+    from shared.models import DuelingHead, ReLU, chained_forward, mlp
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 4)
+    nested = nn.Sequential(nn.Identity(), nn.Sequential(mlp(4, 8, (16,)), ReLU()), DuelingHead(8, 3, 16, ReLU))
+    for net in (mlp(4, 2, (120, 84)), nested):
+        forward = chained_forward(net)
+        assert forward is not net and torch.equal(forward(x), net(x))
+    calls = []
+    handle = nested[2].register_forward_hook(lambda *_: calls.append(1))
+    assert chained_forward(nested) is nested
+    chained_forward(nested)(x)
+    handle.remove()
+    assert calls == [1]

@@ -355,7 +355,7 @@ def test_a_collector_actor_runs_the_lean_collector_on_its_own_seed_slot():
     try:
         assert isinstance(actor.collector, LeanCollector)
         expected = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2).reset(seed=[2, 3])[0]
-        first = actor.collector.observation
+        first = torch.from_numpy(actor.collector.observation).clone()  # the observations it acts on next
         assert torch.allclose(first, torch.as_tensor(expected, dtype=torch.float32))
         actor.collect()
         assert len(replay) == 20  # its share: 40 / 2 collectors

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import nn
@@ -20,6 +21,19 @@ class ActsOnTensors(Protocol):
     TensorDict path writes ``"action"``, for the lean collector (offpolicy/collection.py)."""
 
     def act(self, observation: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class DrawsAhead(Protocol):
+    """A discrete collection policy whose randomness is drawn for a whole batch ahead: ``draw(steps, n)`` once per
+    batch, then ``act_index(observation [n, d], draws, t) -> action indices [n]`` (numpy) at each step ``t``; the
+    lean collector makes the one-hot actions once per batch."""
+
+    n_actions: int
+
+    def draw(self, steps: int, n: int): ...
+
+    def act_index(self, observation: torch.Tensor, draws, t: int) -> np.ndarray: ...
 
 
 def anneal(exploration: nn.Module, env_steps: int) -> None:
