@@ -37,11 +37,12 @@ CASES = {
                               "eval.episodes=5", "collector.overlap=true", "threads=1"], 500.0, 50_000),
     "sac-pendulum": (["algo=sac", *PENDULUM], -200.0, 20_000),
     "td3-pendulum": (["algo=td3", *PENDULUM], -200.0, 20_000),
-    # the compiled learner step (relu without a mask, guards skipped after the warm-up) learns as the eager one
-    "sac-pendulum-compiled": (["algo=sac", *PENDULUM, "compile.enabled=true", "compile.skip_guards=true"], -200.0,
-                              20_000),
-    "td3-pendulum-compiled": (["algo=td3", *PENDULUM, "compile.enabled=true", "compile.skip_guards=true"], -200.0,
-                              20_000),
+    # the compiled learner step (relu without a mask, only tensor guards: compile's defaults) learns as the eager one
+    "dqn-cartpole-compiled": (["algo=dqn", "env=CartPole-v1", "total_env_steps=50000", "eval.interval_env_steps=2500",
+                               "eval.episodes=5", "compile.enabled=true"], 500.0, 50_000),
+    "sac-pendulum-compiled": (["algo=sac", *PENDULUM, "compile.enabled=true"], -200.0, 20_000),
+    "td3-pendulum-compiled": (["algo=td3", *PENDULUM, "compile.enabled=true"], -200.0, 20_000),
+    "ddpg-pendulum-compiled": (["algo=ddpg", *PENDULUM, "compile.enabled=true"], -200.0, 20_000),
     "ddpg-pendulum": (["algo=ddpg", *PENDULUM], -200.0, 20_000),
     "crossq-pendulum": (["algo=crossq", *PENDULUM], -200.0, 20_000),
     # REDQ at its UTD 20 costs ~1 s of learner time per env step on this CPU (10 critics): a 3k-step budget

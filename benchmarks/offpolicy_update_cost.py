@@ -6,10 +6,10 @@ chunked samples, checks, clips and target update) and, beside it, benchmarks/off
 same algorithm on the same transitions (plain PyTorch; ``learner_to_reference``: above 1, the engine's step is
 slower), eager and, with ``compile=true``, the learner step compiled (``compile.enabled=true``:
 the learner's own compiled step, with its compile time and the recompilations after warm-up, which should be 0;
-``skip_guards=true``: with ``compile.skip_guards=true``).
+``skip_guards=false``: with every guard, ``compile.skip_guards=false``; the default keeps the tensor guards only).
 
     nice -n 5 python benchmarks/offpolicy_update_cost.py [algo ...] [threads=1] [compile=false] [deactivate_vmap=true]
-                                                         [skip_guards=false]
+                                                         [skip_guards=true]
 
 Prints JSON lines and appends them to benchmarks/results/offpolicy_update_cost.jsonl.
 """
@@ -91,7 +91,7 @@ def _reference_update(algo: str, cfg, transitions):
 
 
 def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
-            deactivate_vmap: bool = True, skip_guards: bool = False) -> dict[str, float]:
+            deactivate_vmap: bool = True, skip_guards: bool = True) -> dict[str, float]:
     overrides = [f"algo={algo}", f"env={ENVS[algo]}", "optim.batch_size=256", "model.hidden=[256,256]",
                  "collector.env_steps_per_batch=1000", "collector.prefill_env_steps=1000"]
     cfg, _ = compose_config(overrides)
@@ -162,7 +162,7 @@ def main(argv: list[str]) -> None:
     options = dict(a.split("=", 1) for a in argv if "=" in a)
     threads, compiled = int(options.get("threads", 1)), options.get("compile", "false") == "true"
     no_vmap = options.get("deactivate_vmap", "true") == "true"  # the engine's setting (networks.DEACTIVATE_VMAP)
-    skip_guards = options.get("skip_guards", "false") == "true"  # compile.skip_guards for the compiled learner
+    skip_guards = options.get("skip_guards", "true") == "true"  # compile.skip_guards for the compiled learner
     results = ROOT / "benchmarks" / "results" / "offpolicy_update_cost.jsonl"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for algo in algos:

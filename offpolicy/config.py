@@ -156,8 +156,6 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, Checkpoint | None]:
     if cfg.optim.replay_ratio is not None and abs(ratio - cfg.optim.replay_ratio) > 1e-6 * ratio:
         raise ConfigError(f"optim.replay_ratio={cfg.optim.replay_ratio} is not allowed; allowed: optim.batch_size * "
                           f"optim.utd_ratio = {ratio:g} (or null)")
-    if cfg.compile.skip_guards and not cfg.compile.enabled:
-        raise ConfigError("compile.skip_guards=true is not allowed here; allowed: with compile.enabled=true")
     if cfg.compile.cudagraphs and not (cfg.compile.enabled and cfg.engine == "ray" and cfg.ray.backend == "nccl"
                                        and cfg.ray.world_size == 1):
         raise ConfigError("compile.cudagraphs=true is not allowed here; allowed: with compile.enabled=true on a CUDA "

@@ -6,16 +6,18 @@ One step: sample, check the sample (shape, keys, no transition from a policy new
 torchrl loss, one backward of the due optimisers' terms, each due optimiser clips its own gradients to its own norm
 and steps, the target networks move, and the TD error is written back as the replay priority (prioritized replay).
 
-With ``compile.enabled`` the loss's forward and backward run under ``torch.compile``, one compiled function per kind
-of step (TD3: critic only, or critic + actor), and with ``compile.cudagraphs`` the whole step (forward, backward,
+With ``compile.enabled`` the loss's forward and backward run under ``torch.compile``, one compiled function (and code
+object, so one cache of graphs) per kind of step (TD3: critic only, or critic + actor), by default guarded on its
+tensors and global switches only (``compile.skip_guards``), and with ``compile.cudagraphs`` the whole step (forward, backward,
 clips, optimiser steps, soft target update) is replayed as a CUDA graph (tensordict's ``CudaGraphModule``).
 Recompilations after the warm-up steps are counted (:attr:`Learner.recompiles`).
 """
 from __future__ import annotations
 
+import itertools
+import types
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass
 from math import lcm
 from typing import Callable
@@ -38,16 +40,42 @@ IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")  # how an optimiser st
 @dataclass(frozen=True)
 class CompileOptions:
     """The ``compile`` config section: ``torch.compile`` of the learner step (``mode``: torch.compile's mode, None for
-    its default), after the warm-up only the guards that tell the kinds of step apart (``skip_guards``, but all of
-    them every ``FULL_GUARDS_EVERY`` steps) and, on a CUDA learner, CUDA graphs over the compiled step."""
+    its default), only the guards on tensors and global switches (``skip_guards``: :func:`tensor_and_global_guards`)
+    and, on a CUDA learner, CUDA graphs over the compiled step."""
 
     enabled: bool = False
     mode: str | None = None
-    skip_guards: bool = False
+    skip_guards: bool = True
     cudagraphs: bool = False
 
 
-FULL_GUARDS_EVERY = 100  # with compile.skip_guards: steps between two full guard checks (a recompile shows there)
+# the guards a compiled step keeps with compile.skip_guards: the shapes, dtypes, strides and devices of its tensors
+# (the sample's and the networks') and the global switches (grad mode, default device, ...)
+KEPT_GUARDS = frozenset({"TENSOR_MATCH", "NO_TENSOR_ALIASING", "GLOBAL_STATE", "DEFAULT_DEVICE", "TORCH_FUNCTION_STATE",
+                         "GRAD_MODE"})
+
+
+def tensor_and_global_guards(entries) -> list[bool]:
+    """A torch.compile ``guard_filter_fn``: keep the guards of :data:`KEPT_GUARDS`, drop those on the loss's Python
+    objects (its modules, TensorDict internals, constants; ~1,100 a kind of step for TD3, ~0.7 ms of its ~0.85 ms
+    guard check a step here). Unsafe in torch's sense: a change to those objects after the first compile is not
+    seen, which holds in a learner (its loss, networks and keys are fixed for a run); a sample of another shape or
+    dtype still compiles a new graph."""
+    return [entry.guard_type in KEPT_GUARDS for entry in entries]
+
+
+_step_kinds = itertools.count()  # numbers the compiled step functions of this process
+
+
+def _own_code(fn: Callable, kind: str) -> Callable:
+    """``fn`` with a code object of its own, named after its ``kind`` of step and numbered: torch.compile keeps its
+    graphs (and its automatic-dynamic-shape records) per code object, and equal code objects share them. So each kind
+    of step of each learner gets its own cache: a lookup checks one entry's guards, not another kind's first; filtered
+    guards (``compile.skip_guards``) never have to tell the kinds apart; and a second learner in the process (a test,
+    a benchmark) neither reuses nor recompiles the first one's graphs."""
+    name = f"{kind}_{next(_step_kinds)}"
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
 def _done_future(fn: Callable, *args) -> Future:
@@ -179,10 +207,7 @@ class Learner:
         self.due = [g for g in self.groups if self.steps % g.every == 0]
         targets_due = self.target_updater is not None and any(g.moves_targets for g in self.due)
         soft = targets_due and self.target_updater.soft
-        skip_guards = (self.compile.skip_guards and self._graphs_after_warmup is not None
-                       and self.steps % FULL_GUARDS_EVERY)
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if skip_guards else nullcontext():
-            losses = self._step_function(tuple(g.name for g in self.due), soft)(sample)
+        losses = self._step_function(tuple(g.name for g in self.due), soft)(sample)
         if targets_due and self.target_updater.tick() and not soft:
             self.target_updater.move_()  # a hard copy every hard_every updates: eager, outside the compiled step
         for key, value in losses.items():
@@ -230,7 +255,9 @@ class Learner:
             # backward() stays outside: inside, it broke the graph, and the rest of the function ran as a second
             # compiled frame with its own guard lookup (TD3 here: 2 lookups and ~0.34 ms of frame overhead a step,
             # now 1 and ~0.08 ms)
-            forward = torch.compile(forward, mode=self.compile.mode)
+            kind = "_".join(["forward", *(g.name for g in groups), *(["soft_targets"] if soft_targets else [])])
+            options = {"guard_filter_fn": tensor_and_global_guards} if self.compile.skip_guards else None
+            forward = torch.compile(_own_code(forward, kind), mode=self.compile.mode, options=options)
 
         def step(sample: TensorDictBase) -> dict[str, torch.Tensor]:
             total, losses = forward(sample)

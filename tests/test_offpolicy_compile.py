@@ -61,17 +61,31 @@ def test_recompilation_after_the_warm_up_is_counted():
     assert learner.recompiles >= 1
 
 
-def test_skipped_guards_make_the_same_update():
-    """``compile.skip_guards``: after the warm-up the step runs with only the guards that tell its kinds apart, and
-    learns exactly what the fully guarded step learns (DQN draws no random numbers), without recompiling."""
-    overrides = ("optim.max_grad_norm=0.5", "target.mode=hard", "target.hard_every=2", "compile.enabled=true")
-    guarded, guarded_parts, replay = _learner("dqn", *overrides)
-    skipping, skipping_parts, _ = _learner("dqn", *overrides, "compile.skip_guards=true")
+@pytest.mark.parametrize("algo, overrides", [
+    ("dqn", ["optim.max_grad_norm=0.5", "target.mode=hard", "target.hard_every=2"]),
+    ("td3", ["td3.policy_delay=2"]),
+])
+def test_skipped_guards_make_the_same_update(algo, overrides):
+    """``compile.skip_guards`` (only the tensor and global-state guards): the same updates as the fully guarded
+    compiled step, with no recompilation; TD3's two kinds of step (critic only, then critic and delayed actor) each
+    run their own graphs (with the kinds mixed up the actor would not learn, or learn on every step). Both learners
+    draw TD3's target-smoothing noise from the same seeds."""
+    torch.compiler.reset()  # shapes seen by earlier tests' steps would start the graphs dynamic (torch's automatic
+    #                         dynamic shapes, kept per function name), and the batch of 16 below would then fit one
+    torch.manual_seed(0)
+    guarded, guarded_parts, replay = _learner(algo, *overrides, "compile.enabled=true")
+    torch.manual_seed(0)
+    skipping, skipping_parts, _ = _learner(algo, *overrides, "compile.enabled=true", "compile.skip_guards=true")
+    torch.manual_seed(1)
     guarded.update(replay, 8, version=1)
+    torch.manual_seed(1)
     out = skipping.update(replay, 8, version=1)
-    assert not torch.equal(_all_params(skipping_parts), _all_params(_learner("dqn", *overrides)[1]))  # it learned
+    assert not torch.equal(_all_params(skipping_parts), _all_params(_learner(algo, *overrides)[1]))  # it learned
     assert torch.equal(_all_params(skipping_parts), _all_params(guarded_parts))
     assert out["compile/recompiles"] == 0
+    skipping.sample_shape = (16,)  # a batch of another shape still gets a graph of its own
+    skipping.update(replay, 1, version=1)
+    assert skipping.recompiles >= 1
 
 
 def test_relu_is_the_same_function_compiled_and_eager():

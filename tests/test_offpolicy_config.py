@@ -27,7 +27,6 @@ from shared.config import ConfigError
     (["compile.enabled=maybe"], "compile.enabled='maybe' has the wrong type; allowed: true or false"),
     (["compile.enabled=true", "compile.cudagraphs=true"], "compile.cudagraphs=true is not allowed here; allowed: "
                                                           "with compile.enabled=true on a CUDA learner"),
-    (["compile.skip_guards=true"], "compile.skip_guards=true is not allowed here; allowed: with compile.enabled=true"),
 ])
 def test_bad_input_is_one_config_error(args, needle):
     with pytest.raises(ConfigError) as info:
