@@ -9,8 +9,9 @@ local engine builds them (offpolicy/engines/local.py), with one torch thread:
                    ``step_and_maybe_reset`` (step, step_mdp, resets)
     policy         the collection policy's forward on the env's batch of N observations (no_grad, RANDOM exploration;
                    DQN's epsilon annealed to its end value first, as for most of a run)
-    tensor_policy  the same policy's ``act`` on the plain observation tensor, where it offers one (DQN: what the lean
-                   collector runs instead of the TensorDict call)
+    tensor_policy  what the lean collector calls instead, under inference mode, where the policy offers it: DQN's
+                   one batch of epsilon-greedy draws ahead and ``act_index`` per step on the plain observation
+                   tensor (integer actions); SAC's ``act`` on the plain observation tensor
     collector      one whole torchrl ``Collector`` batch (``next(iter(collector))``, 1024 env steps, with
                    ``collector.lean=false``) over its env steps
     overhead       collector - torchrl_env - policy: the Collector's own work (carrier updates, policy version,
@@ -49,7 +50,7 @@ import gymnasium  # noqa: E402
 import torch  # noqa: E402
 from torchrl.envs.utils import ExplorationType, set_exploration_type  # noqa: E402
 
-from offpolicy.algos.base import ActsOnTensors, anneal  # noqa: E402
+from offpolicy.algos.base import ActsOnTensors, DrawsAhead, anneal  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
 from offpolicy.rollout import RolloutStats  # noqa: E402
 from offpolicy.builder import Builder  # noqa: E402
@@ -129,9 +130,16 @@ def measure(algo: str, n: int) -> dict[str, float]:
     obs = env.reset()
     with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
         out["policy"] = _us_per_step(lambda: parts.collect_policy(obs), n)
-        if isinstance(parts.collect_policy, ActsOnTensors):
-            observation = obs["observation"]
-            out["tensor_policy"] = _us_per_step(lambda: parts.collect_policy.act(observation), n)
+    policy, observation = parts.collect_policy, obs["observation"]
+    with torch.inference_mode(), set_exploration_type(ExplorationType.RANDOM):  # as the lean collector calls it
+        if isinstance(policy, DrawsAhead):  # DQN: one batch's randomness drawn ahead (its cost counted), then per step
+            def act_with_draws():
+                draws = policy.draw(BATCH // n, n)
+                for t in range(BATCH // n):
+                    policy.act_index(observation, draws, t)
+            out["tensor_policy"] = _us_per_step(act_with_draws, BATCH)
+        elif isinstance(policy, ActsOnTensors):
+            out["tensor_policy"] = _us_per_step(lambda: policy.act(observation), n)
 
     collector = Builder(cfg).collector(env, parts.collect_policy)  # appends its PolicyVersion transform to env
     out["collector"], batch = _per_batch(collector)
