@@ -66,14 +66,14 @@ def test_recompilation_after_the_warm_up_is_counted():
     ("td3", ["td3.policy_delay=2"]),
 ])
 def test_skipped_guards_make_the_same_update(algo, overrides):
-    """``compile.skip_guards`` (only the tensor and global-state guards): the same updates as the fully guarded
-    compiled step, with no recompilation; TD3's two kinds of step (critic only, then critic and delayed actor) each
-    run their own graphs (with the kinds mixed up the actor would not learn, or learn on every step). Both learners
-    draw TD3's target-smoothing noise from the same seeds."""
+    """``compile.skip_guards`` (the default: only the tensor and global-state guards): the same updates as the fully
+    guarded compiled step (``compile.skip_guards=false``), with no recompilation; TD3's two kinds of step (critic
+    only, then critic and delayed actor) each run their own graphs (with the kinds mixed up the actor would not
+    learn, or learn on every step). Both learners draw TD3's target-smoothing noise from the same seeds."""
     torch.compiler.reset()  # shapes seen by earlier tests' steps would start the graphs dynamic (torch's automatic
     #                         dynamic shapes, kept per function name), and the batch of 16 below would then fit one
     torch.manual_seed(0)
-    guarded, guarded_parts, replay = _learner(algo, *overrides, "compile.enabled=true")
+    guarded, guarded_parts, replay = _learner(algo, *overrides, "compile.enabled=true", "compile.skip_guards=false")
     torch.manual_seed(0)
     skipping, skipping_parts, _ = _learner(algo, *overrides, "compile.enabled=true", "compile.skip_guards=true")
     torch.manual_seed(1)
