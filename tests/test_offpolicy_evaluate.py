@@ -109,3 +109,38 @@ def test_playing_episodes_leaves_the_process_wide_exploration_type_alone():
     finally:
         hook.remove()
     assert lengths == [20] and len(seen) == 60 and set(seen) == {None}
+
+
+def test_the_learner_keeps_cfg_threads_while_the_evaluator_runs(monkeypatch, tmp_path):
+    """The background evaluator sets one torch thread for itself; torch keeps that setting per thread here, so every
+    learner step of a ``threads=2`` run still runs on 2 threads, also the steps after an evaluation."""
+    import torch
+    from offpolicy_helpers import train_inprocess
+
+    from offpolicy.evaluate import AsyncEvaluator
+    from offpolicy.learner import Learner
+
+    learner_threads, evaluator_threads, evaluations = [], [], []
+    update, evaluate = Learner.update, AsyncEvaluator._evaluate
+
+    def recording_update(self, *args, **kwargs):
+        learner_threads.append((len(evaluations), torch.get_num_threads()))
+        return update(self, *args, **kwargs)
+
+    def recording_evaluate(self, *args, **kwargs):
+        evaluator_threads.append(torch.get_num_threads())
+        evaluate(self, *args, **kwargs)
+        evaluations.append(1)
+
+    monkeypatch.setattr(Learner, "update", recording_update)
+    monkeypatch.setattr(AsyncEvaluator, "_evaluate", recording_evaluate)
+    before = torch.get_num_threads()
+    try:
+        s = train_inprocess("algo=dqn", "env=CartPole-v1", "profile=smoke", "threads=2", "total_env_steps=500",
+                            "eval.interval_env_steps=100", "eval.final_episodes=0", f"run_dir={tmp_path}")
+    finally:
+        torch.set_num_threads(before)
+    assert s["status"] == "completed"
+    assert evaluator_threads and set(evaluator_threads) == {1}
+    assert learner_threads and {threads for _, threads in learner_threads} == {2}
+    assert max(done for done, _ in learner_threads) >= 1  # some learner steps came after a finished evaluation
