@@ -60,7 +60,7 @@ def greedy_episodes(model: AtariActorCritic, settings: AtariSettings, episodes: 
                 frames.append(_video_frame(obs[0], settings.grayscale))
             logits, _, state = model.step(torch.from_numpy(obs), state)
             step = env.step(logits.argmax(-1).numpy())
-            state = reset_where(state, torch.from_numpy(step.done))  # a new game or life, as in training
+            state = reset_where(state, step.done)  # a new game or life, as in training
             obs = step.obs
             for index, score, _ in step.finished:
                 if scores[index] is None:

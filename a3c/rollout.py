@@ -1,6 +1,7 @@
 """A worker's rollout: t_max steps in each of its batched games, acting with the local model."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -8,11 +9,11 @@ from shared.atari import AtariBatch
 from shared.models import AtariActorCritic, RecurrentState
 
 
-def reset_where(state: RecurrentState | None, new: torch.Tensor) -> RecurrentState | None:
-    """``state`` with the rows of games where ``new`` is true back to zeros (a new game or life)."""
-    if state is None or not bool(new.any()):
+def reset_where(state: RecurrentState | None, new: np.ndarray) -> RecurrentState | None:
+    """``state`` with the rows of games where ``new`` (bool ``[E]``) is true back to zeros (a new game or life)."""
+    if state is None or not new.any():
         return state
-    keep = (~new).unsqueeze(-1).to(state[0].dtype)
+    keep = torch.from_numpy(~new).unsqueeze(-1).to(state[0].dtype)
     return state[0] * keep, state[1] * keep
 
 
@@ -27,8 +28,8 @@ class Rollout:
     def __init__(self, env: AtariBatch, t_max: int):
         self.env = env
         self.t_max = t_max
-        self.obs = torch.from_numpy(env.reset())
-        self.new_episode = torch.ones(env.num_envs, dtype=torch.bool)  # the next step starts a game or a life
+        self.obs = env.reset()  # uint8 [E, C, H, W]
+        self.new_episode = np.ones(env.num_envs, dtype=bool)  # the next step starts a game or a life
         self.state: RecurrentState | None = None  # the recurrent state the next step starts from
         self.start_state: RecurrentState | None = None  # the state the latest rollout started from (for BPTT)
 
@@ -49,48 +50,53 @@ class Rollout:
         if self.state is None:
             self.state = model.initial_state(envs)
         self.start_state = self.state
-        obs = torch.empty((envs, steps, *self.obs.shape[1:]), dtype=torch.uint8)
-        actions = torch.empty((envs, steps), dtype=torch.int64)
-        fire_forced = torch.empty((envs, steps, 1), dtype=torch.bool)
-        rewards = torch.empty((envs, steps, 1))
-        dones = torch.empty((envs, steps, 1), dtype=torch.bool)
-        terminated = torch.empty((envs, steps, 1), dtype=torch.bool)
-        values = torch.empty((envs, steps + 1, 1))
-        is_init = torch.empty((envs, steps, 1), dtype=torch.bool)
-        capped: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, envs, their value at the cap)
+        # the per-step bookkeeping goes into numpy arrays, wrapped as tensors once per rollout: a numpy slice store is
+        # a few times cheaper than torch's indexing, which runs cold after every emulator step (rollout_rest in
+        # benchmarks/a3c_throughput.py)
+        obs = np.empty((envs, steps, *self.obs.shape[1:]), dtype=np.uint8)
+        actions = np.empty((envs, steps), dtype=np.int64)
+        fire_forced = np.empty((envs, steps, 1), dtype=bool)
+        rewards = np.empty((envs, steps, 1), dtype=np.float32)
+        dones = np.empty((envs, steps, 1), dtype=bool)
+        terminated = np.empty((envs, steps, 1), dtype=bool)
+        values = np.empty((envs, steps + 1, 1), dtype=np.float32)
+        is_init = np.empty((envs, steps, 1), dtype=bool)
+        capped: list[tuple[int, np.ndarray, torch.Tensor]] = []  # (step, envs, their value at the cap)
         finished: list[tuple[int, float, int]] = []
         for t in range(steps):
             obs[:, t] = self.obs
             is_init[:, t, 0] = self.new_episode
             state = reset_where(self.state, self.new_episode)
-            logits, values[:, t], self.state = model.step(self.obs, state)
+            logits, value, self.state = model.step(torch.from_numpy(self.obs), state)
+            values[:, t] = value.numpy()
             action = torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
             step = self.env.step(action.numpy())
-            actions[:, t] = torch.from_numpy(step.action)
-            fire_forced[:, t, 0] = torch.from_numpy(step.fire_forced)
-            rewards[:, t, 0] = torch.from_numpy(step.reward)
-            dones[:, t, 0] = torch.from_numpy(step.done)
-            terminated[:, t, 0] = torch.from_numpy(step.terminated)
+            actions[:, t] = step.action
+            fire_forced[:, t, 0] = step.fire_forced
+            rewards[:, t, 0] = step.reward
+            dones[:, t, 0] = step.done
+            terminated[:, t, 0] = step.terminated
             if step.final_obs is not None:
-                cut = torch.from_numpy(step.done & ~step.terminated).nonzero().squeeze(-1)
+                cut = np.flatnonzero(step.done & ~step.terminated)
                 if len(cut):
-                    final = torch.from_numpy(step.final_obs[cut.numpy()])
-                    capped.append((t, cut, model.step(final, select(self.state, cut))[1]))
+                    final = torch.from_numpy(step.final_obs[cut])
+                    capped.append((t, cut, model.step(final, select(self.state, torch.from_numpy(cut)))[1]))
             finished += step.finished
-            self.obs = torch.from_numpy(step.obs)
-            self.new_episode = torch.from_numpy(step.done)
-        values[:, steps] = model.step(self.obs, reset_where(self.state, self.new_episode))[1]
-        next_values = values[:, 1:].clone()
+            self.obs = step.obs
+            self.new_episode = step.done
+        values[:, steps] = model.step(torch.from_numpy(self.obs), reset_where(self.state, self.new_episode))[1].numpy()
+        next_values = torch.from_numpy(values[:, 1:].copy())
         for t, cut, value in capped:
             next_values[cut, t] = value
         batch = TensorDict(
             {
-                "observation": obs,
-                "action": actions,
-                "fire_forced": fire_forced,
-                "state_value": values[:, :steps],
-                "is_init": is_init,
-                "next": {"reward": rewards, "done": dones, "terminated": terminated, "state_value": next_values},
+                "observation": torch.from_numpy(obs),
+                "action": torch.from_numpy(actions),
+                "fire_forced": torch.from_numpy(fire_forced),
+                "state_value": torch.from_numpy(values[:, :steps]),
+                "is_init": torch.from_numpy(is_init),
+                "next": {"reward": torch.from_numpy(rewards), "done": torch.from_numpy(dones),
+                         "terminated": torch.from_numpy(terminated), "state_value": next_values},
             },
             batch_size=[envs, steps],
         )

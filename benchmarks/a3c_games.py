@@ -4,11 +4,12 @@ saves its checkpoint), then ``python -m a3c.evaluate`` of that checkpoint over `
 one JSON line per game, with RL Baselines3 Zoo's A2C score at 10M agent steps (40M frames) beside it.
 
     python benchmarks/a3c_games.py [games=Breakout,SpaceInvaders,Seaquest] [minutes=40] [seed=0] [episodes=10]
-                                   [out=runs/games] [stop_at=SCORE]
+                                   [out=runs/games] [stop_at=SCORE] [section.key=value ...]
     python benchmarks/a3c_games.py report=RUN_DIR[,RUN_DIR...] [stop_at=SCORE]  # the lines of runs already made
 
 ``stop_at`` (Pong's time to 18: ``games=Pong stop_at=18``) ends a run at its first periodic greedy evaluation at or
-above that score, and the lines then say when that was (``first_eval_at_target_*``).
+above that score, and the lines then say when that was (``first_eval_at_target_*``). Dotted keys
+(``env.envs_per_worker=16 a3c.t_max=5``) go to ``a3c.train`` as they are, and the lines name them (``overrides``).
 
 Run it alone: a test suite or benchmark beside it takes cores from the workers and changes every wall-clock figure.
 """
@@ -53,6 +54,7 @@ def report(run_dir: Path, target: float | None = None) -> dict:
     best = int(np.argmax(returns)) if returns else None
     return {
         "bench": "a3c_games", "game": game, "seed": config["seed"], "recurrent": config["model"].get("recurrent"),
+        "envs_per_worker": config["env"]["envs_per_worker"], "t_max": config["a3c"]["t_max"],
         "frames": summary["frames"], "minutes": round(summary["wall_time_s"] / 60, 1),
         "agent_steps_per_s": round(summary["agent_steps_per_s"]),
         "greedy_return": None if final is None else round(final["return"], 1),
@@ -77,10 +79,10 @@ def first_at(frames, minutes, returns, score: float | None) -> tuple[float, floa
 
 
 def train_and_evaluate(game: str, minutes: float, seed: int, episodes: int, run_dir: Path,
-                       stop_at: float | None = None) -> None:
+                       stop_at: float | None = None, overrides: tuple[str, ...] = ()) -> None:
     """Train for ``minutes`` (or until a periodic evaluation reaches ``stop_at``), then evaluate the checkpoint."""
     train = subprocess.Popen([sys.executable, "-m", "a3c.train", f"env={game}", "workers=2", f"seed={seed}",
-                              f"run_dir={run_dir}"], cwd=ROOT, stdout=subprocess.DEVNULL)
+                              f"run_dir={run_dir}", *overrides], cwd=ROOT, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + minutes * 60
     while train.poll() is None and time.monotonic() < deadline:
         time.sleep(5)
@@ -94,7 +96,8 @@ def train_and_evaluate(game: str, minutes: float, seed: int, episodes: int, run_
 
 
 def main(argv: list[str]) -> None:
-    options = dict(a.split("=", 1) for a in argv if "=" in a)
+    overrides = tuple(a for a in argv if "." in a.split("=", 1)[0])
+    options = dict(a.split("=", 1) for a in argv if "=" in a and a not in overrides)
     stop_at = float(options["stop_at"]) if "stop_at" in options else None
     if "report" in options:
         for run_dir in options["report"].split(","):
@@ -106,9 +109,9 @@ def main(argv: list[str]) -> None:
         run_dir = out / f"{game}-seed{seed}"
         start = time.time()
         train_and_evaluate(game, float(options.get("minutes", 40)), seed, int(options.get("episodes", 10)), run_dir,
-                           stop_at)
-        print(json.dumps({**report(run_dir, stop_at), "total_minutes": round((time.time() - start) / 60, 1)}),
-              flush=True)
+                           stop_at, overrides)
+        print(json.dumps({**report(run_dir, stop_at), "total_minutes": round((time.time() - start) / 60, 1),
+                          **({"overrides": list(overrides)} if overrides else {})}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """A3C throughput on this machine, as JSON lines (figures, not a test).
 
-    python benchmarks/a3c_throughput.py [seconds=30] [workers=2] [any a3c key=value ...]
+    python benchmarks/a3c_throughput.py [seconds=30] [rounds=3] [workers=2] [any a3c key=value ...]
+
+Every round measures all of these, one after the other; the ratios are taken within a round and their medians and
+ranges over the rounds printed last (``median/...``).
 
 (a) env_only       agent steps/s of W processes stepping the same Atari config with random actions
 (b) model_cost     ms of model time per agent step (acting forward + update forward/backward), W processes at once
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -331,21 +335,9 @@ def _parallel(fn, cfg_dict: dict, seconds: float, workers: int) -> float:
         return sum(pool.starmap(fn, [(cfg_dict, seconds, rank) for rank in range(workers)]))
 
 
-def main() -> None:
-    from omegaconf import OmegaConf
-
-    from a3c.config import load_config
-
-    os.environ["OMP_NUM_THREADS"] = "1"
-    args = [a for a in sys.argv[1:] if not a.startswith("seconds=")]
-    seconds = float(next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("seconds=")), 30))
-    cfg = load_config(args)
-    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+def measure_round(cfg, cfg_dict: dict, args: list[str], seconds: float, setting: dict) -> dict[str, float]:
+    """One round of every figure, each part after the other; returns the round's rates and ratios."""
     workers = cfg.workers
-    setting = {"workers": workers, "envs_per_worker": cfg.env.envs_per_worker, "t_max": cfg.a3c.t_max,
-               "arch": cfg.model.arch, "cpus": os.cpu_count()}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-
     env_rate = _parallel(_env_only, cfg_dict, seconds, workers)
     emit("env_only", env_rate, "agent_steps/s", **setting)
     with mp.get_context("spawn").Pool(workers) as pool:
@@ -367,6 +359,37 @@ def main() -> None:
     emit("torchrl_loop", torchrl_rate, "agent_steps/s", a3c_speedup=round(a3c / torchrl_rate, 2), **setting)
     ikostrikov_rate = _parallel(_ikostrikov_loop, cfg_dict, seconds, workers)
     emit("ikostrikov", ikostrikov_rate, "agent_steps/s", a3c_speedup=round(a3c / ikostrikov_rate, 2), **setting)
+    return {"a3c": a3c, "roofline": roofline, "fraction_of_roofline": a3c / roofline,
+            "speedup_vs_torchrl_loop": a3c / torchrl_rate, "speedup_vs_ikostrikov": a3c / ikostrikov_rate}
+
+
+def main() -> None:
+    """``rounds`` rounds (default 3) of every figure, then the median and range of each ratio over the rounds: this
+    host's speed drifts by tens of percent within minutes, so a ratio is only taken within one round."""
+    from omegaconf import OmegaConf
+
+    from a3c.config import load_config
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    own = {"seconds": 30.0, "rounds": 3}
+    args = []
+    for arg in sys.argv[1:]:
+        key, _, value = arg.partition("=")
+        if key in own:
+            own[key] = type(own[key])(value)
+        else:
+            args.append(arg)
+    cfg = load_config(args)
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    setting = {"workers": cfg.workers, "envs_per_worker": cfg.env.envs_per_worker, "t_max": cfg.a3c.t_max,
+               "arch": cfg.model.arch, "cpus": os.cpu_count()}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    rounds = [measure_round(cfg, cfg_dict, args, own["seconds"], {**setting, "round": i})
+              for i in range(own["rounds"])]
+    for name in rounds[0]:
+        values = [r[name] for r in rounds]
+        emit(f"median/{name}", statistics.median(values), "ratio" if "_" in name else "agent_steps/s",
+             low=round(min(values), 4), high=round(max(values), 4), rounds=len(values), **setting)
 
 
 if __name__ == "__main__":

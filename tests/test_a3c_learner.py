@@ -99,9 +99,9 @@ def test_update_reports_the_losses_of_a_hand_computation():
                 "a3c/entropy": entropy, "a3c/advantage": kept.mean(), "a3c/grad_norm": grad_norm}
     assert set(metrics) == set(expected)
     for name, value in expected.items():
-        assert metrics[name] == pytest.approx(float(value), rel=1e-4, abs=1e-6), name
+        assert metrics[name] == pytest.approx(value.item(), rel=1e-4, abs=1e-6), name
     unmasked = -(log_prob * advantage.reshape(-1)).mean()
-    assert abs(float(unmasked - objective)) > 1e-3  # the forced steps' terms matter on this rollout
+    assert abs((unmasked - objective).item()) > 1e-3  # the forced steps' terms matter on this rollout
 
 
 def test_zero_entropy_coefficient_updates_without_an_entropy_term():
