@@ -117,23 +117,24 @@ def test_the_learner_keeps_cfg_threads_while_the_evaluator_runs(monkeypatch, tmp
     import torch
     from offpolicy_helpers import train_inprocess
 
-    from offpolicy.evaluate import AsyncEvaluator
+    import offpolicy.evaluate
     from offpolicy.learner import Learner
 
     learner_threads, evaluator_threads, evaluations = [], [], []
-    update, evaluate = Learner.update, AsyncEvaluator._evaluate
+    update, play = Learner.update, offpolicy.evaluate.play_episodes
 
     def recording_update(self, *args, **kwargs):
         learner_threads.append((len(evaluations), torch.get_num_threads()))
         return update(self, *args, **kwargs)
 
-    def recording_evaluate(self, *args, **kwargs):
+    def recording_play(*args, **kwargs):  # what the background evaluator calls for each evaluation
         evaluator_threads.append(torch.get_num_threads())
-        evaluate(self, *args, **kwargs)
+        played = play(*args, **kwargs)
         evaluations.append(1)
+        return played
 
     monkeypatch.setattr(Learner, "update", recording_update)
-    monkeypatch.setattr(AsyncEvaluator, "_evaluate", recording_evaluate)
+    monkeypatch.setattr(offpolicy.evaluate, "play_episodes", recording_play)
     before = torch.get_num_threads()
     try:
         s = train_inprocess("algo=dqn", "env=CartPole-v1", "profile=smoke", "threads=2", "total_env_steps=500",
