@@ -36,6 +36,13 @@ def lean_collection(cfg: DictConfig) -> bool:
                 and (cfg.engine == "local" or not cfg.ray.collector_gpus))
 
 
+def torchrl_env_copies(cfg: DictConfig) -> int:
+    """The torchrl training env copies a collector needs: all ``env.num_envs`` when torchrl's Collector steps them;
+    one when our lean collector steps Gymnasium copies of its own (it reads only the torchrl env's specs and
+    observation statistics)."""
+    return 1 if lean_collection(cfg) else cfg.env.num_envs
+
+
 class LeanCollector:
     """Batches of ``env_steps_per_batch`` transitions, ``[num_envs, T]``, from the stochastic ``policy``.
 

@@ -20,6 +20,7 @@ from proc import start_module
 
 from offpolicy.builder import Builder
 from offpolicy.invariants import InvariantError
+from offpolicy.rollout import Rollout
 from offpolicy.config import compose_config
 from shared.checkpoint import load_checkpoint
 from shared.config import ConfigError
@@ -335,30 +336,34 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
 def test_a_collector_actor_runs_the_lean_collector_on_its_own_seed_slot():
     """A Ray collector actor (here its class in this process, with a local replay buffer in place of the replay
     actor) runs the lean collector on a Gymnasium state-vector env, on its slot's seeds (collector 1 of a DQN run with
-    2 envs per collector plays seeds 2 and 3): it writes its share of a round into replay, reports it at policy
-    version 0, and a publication copies the weights into its policy and counts one version."""
+    2 envs per collector plays seeds 2 and 3), from one torchrl env copy read for its specs (not one per env): it
+    writes its share of a round into replay, tagged with its slot, reports it at policy version 0, a publication
+    copies the weights into its policy and counts one version, and once its slot is closed (the pool replaced it) its
+    writes are refused and not counted."""
     import gymnasium as gym
     from tensordict import TensorDict
 
     from offpolicy.collection import LeanCollector
-    from offpolicy.engines.ray_collectors import CollectorActor
-    from offpolicy.replay import make_replay_buffer
+    from torchrl.data import LazyTensorStorage
+
+    from offpolicy.engines.ray_collectors import CollectorActor, ShareReplayBuffer
 
     cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "engine=ray", "env.num_envs=2", "ray.num_collectors=2",
                              "collector.env_steps_per_batch=40", "env.obs_norm=false"])
     specs = Builder(cfg).train_env(num_envs=1)
     parts = Builder(cfg).parts(specs)
     specs.close()
-    replay = make_replay_buffer(cfg)
+    replay = ShareReplayBuffer(storage=LazyTensorStorage(100))
     # the actor holds its own copy of the policy, as one unpickled in its process does
     actor = CollectorActor(dict(cfg), copy.deepcopy(parts.collect_policy), replay, slot=1, seed=0, obs_norm=None)
     try:
-        assert isinstance(actor.collector, LeanCollector)
+        assert isinstance(actor.collector, LeanCollector) and len(actor.collector.envs) == 2
+        assert actor.collector.spec_env.batch_size == torch.Size([])  # one torchrl copy, unbatched
         expected = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2).reset(seed=[2, 3])[0]
         first = torch.from_numpy(actor.collector.observation).clone()  # the observations it acts on next
         assert torch.allclose(first, torch.as_tensor(expected, dtype=torch.float32))
-        actor.collect()
-        assert len(replay) == 20  # its share: 40 / 2 collectors
+        actor.collect(1)
+        assert len(replay) == 20 and replay.close_writer(0) is None  # its share (40 / 2 collectors), slot 1's
         rollout = actor.drain()
         assert rollout.env_steps == 20 and (rollout.version_lo, rollout.version_hi) == (0, 0)
         assert torch.equal(replay[:].get("observation")[0], first[0])
@@ -370,7 +375,141 @@ def test_a_collector_actor_runs_the_lean_collector_on_its_own_seed_slot():
         assert actor.publish(TensorDict.from_module(parts.collect_policy).data) == 1
         assert all(torch.equal(v, parts.collect_policy.state_dict()[k]) for k, v in actor.policy_state().items())
         actor.set_version(7)
-        actor.collect()
+        actor.collect(2)
         assert (actor.drain().version_lo, actor.policy_version()) == (7, 7)
+        assert replay.close_writer(1) == 2
+        actor.collect(3)
+        assert len(replay) == 40 and actor.drain().env_steps == 0
     finally:
         actor.shutdown()
+
+
+# --- the collector pool's accounting after deaths, with fake actors (no Ray) ----------------------------------------
+
+class _Died(Exception):
+    """A fake actor's death (Ray's RayActorError in a real pool)."""
+
+
+class _FakeCollector:
+    """A collector actor in this process on seed slot ``slot`` that writes ``share`` transitions per round into
+    ``replay`` (a :class:`ShareReplayBuffer`) and dies where ``death`` says: "start-up" (setting its version),
+    "before-write", "after-write", "late-write" (its write still on its way when its death is seen: it lands in
+    replay when its replacement collects, after the pool has decided about the share) or "drain" (before its
+    statistics are read). Its statistics are one episode whose return is its slot. ``actor.method.remote(*args)``
+    returns the call, run when the pool gathers it."""
+
+    def __init__(self, slot, replay, share, death, pending):
+        self.slot, self.replay, self.share, self.death, self.pending = slot, replay, share, death, pending
+        self.collected = 0
+        self.version = None
+        for name in ("collect", "drain", "set_version"):
+            setattr(self, name, SimpleNamespace(remote=lambda *args, name=name: lambda: self._call(name, *args)))
+
+    def _call(self, name, *args):
+        assert self.death != "killed", f"the pool called {name} on a killed actor"
+        return getattr(self, "_" + name)(*args)
+
+    def _write(self, round_index):
+        from tensordict import TensorDict
+
+        batch = TensorDict({"observation": torch.full((self.share, 1), float(self.slot))}, [self.share])
+        if self.replay.write_share(batch, self.slot, round_index):
+            self.collected += self.share
+
+    def _collect(self, round_index):
+        while self.pending and self.slot >= 2:  # a replacement collects: the dead actor's late write lands
+            self.pending.pop()()
+        if self.death == "before-write":
+            raise _Died
+        if self.death == "late-write":
+            self.pending.append(lambda: self._write(round_index))
+            raise _Died
+        self._write(round_index)
+        if self.death == "after-write":
+            raise _Died
+
+    def _drain(self):
+        if self.death == "drain":
+            raise _Died
+        collected, self.collected = self.collected, 0
+        return Rollout(env_steps=collected, returns=[float(self.slot)] if collected else [],
+                       version_lo=self.version, version_hi=self.version)
+
+    def _set_version(self, version):
+        if self.death == "start-up":
+            raise _Died
+        self.version = version
+
+
+def _fake_pool(deaths: dict[int, str]):
+    """A :class:`CollectorPool` of 2 fake collectors (shares of 200) over a local :class:`ShareReplayBuffer`; the
+    actor on seed slot ``s`` dies as ``deaths[s]`` says (actor 0's replacements take slots 2, 4, ...)."""
+    from torchrl.data import LazyTensorStorage
+
+    from offpolicy.engines.ray_collectors import CollectorPool, ShareReplayBuffer
+
+    replay = ShareReplayBuffer(storage=LazyTensorStorage(10_000))
+    replay.client = lambda: replay  # the pool's and the actors' way in (a RayReplayBuffer's client in a run)
+    pending = []
+
+    class FakePool(CollectorPool):
+        def _start(self, slot):
+            return _FakeCollector(slot, replay, self.share, deaths.get(slot), pending)
+
+        def _gather(self, refs):
+            results, dead = [], []
+            for i, call in enumerate(refs):
+                try:
+                    results.append(call())
+                except _Died as exc:
+                    results.append(exc)
+                    dead.append(i)
+            return results, dead
+
+        def _kill(self, actor):
+            actor.death = "killed"  # a killed fake answers nothing more: any call would be a pool error
+
+    cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "ray.max_collector_restarts=3"])
+    pool = FakePool(cfg, None, replay, None, seed=0)
+    pool.version = 5  # what every actor holds after 5 publications
+    return pool, replay
+
+
+@pytest.mark.parametrize("deaths,restarts,kept", [
+    # actor 0 dies before its write: its replacement (slot 2) collects the share again
+    ({0: "before-write"}, 1, [1.0, 2.0]),
+    # after its write: the share stays in replay, its statistics are lost, nothing is collected again
+    ({0: "after-write"}, 1, [1.0]),
+    # after collecting, while the statistics are read: the share is counted without its statistics
+    ({0: "drain"}, 1, [1.0]),
+    # after its write, then its replacement dies before collecting, while the statistics are read: one share lost
+    # (not two: the replacement held none)
+    ({0: "after-write", 2: "drain"}, 2, [1.0]),
+    # before its write, its replacement while it starts, the next one before its write: the third collects
+    ({0: "before-write", 2: "start-up", 4: "before-write"}, 3, [1.0, 6.0]),
+    # its write still on its way when its death is seen, and landing afterwards: refused, the replacement's counts
+    ({0: "late-write"}, 1, [1.0, 2.0]),
+])
+def test_collector_deaths_keep_every_round_exact(deaths, restarts, kept, capsys):
+    """Whichever moment a collector dies at, a round counts exactly the transitions that reached replay (the
+    per-round invariant: written == collected, 400) and loses only the statistics of shares that reached replay
+    without them (``kept``: the slots whose statistics arrived); the next round is whole again."""
+    pool, replay = _fake_pool(deaths)
+    rollout = pool.round()
+    assert replay.write_count == rollout.env_steps == 400
+    assert sorted(rollout.returns) == kept  # shares lost: 2 - len(kept), counted at version 5
+    assert (rollout.version_lo, rollout.version_hi) == (5, 5)
+    assert pool.restarts == restarts and capsys.readouterr().out.count("ray: collector 0 died") == restarts
+    rollout = pool.round()
+    assert replay.write_count == 800 and rollout.env_steps == 400 and len(rollout.returns) == 2
+
+
+def test_a_collector_dying_before_its_write_in_a_later_round_is_collected_again():
+    """The replay knows which round each slot wrote last: an actor that wrote round 1 and dies before its write of
+    round 2 has its round-2 share collected by its replacement (slot 3), not taken for written."""
+    pool, replay = _fake_pool({})
+    pool.round()
+    pool.actors[1].death = "before-write"
+    rollout = pool.round()
+    assert replay.write_count == 800 and rollout.env_steps == 400 and sorted(rollout.returns) == [0.0, 3.0]
+    assert pool.restarts == 1 and pool.slots == [0, 3]

@@ -39,11 +39,10 @@ class LocalEngine(Engine):
 
     @staticmethod
     def training_env_copies(cfg: DictConfig) -> int:
-        """All ``env.num_envs`` when torchrl's Collector steps them; one when our lean collector steps Gymnasium copies
-        of its own (it reads only the torchrl env's specs and observation statistics)."""
-        from offpolicy.collection import lean_collection
+        """What the collector in this process needs (:func:`~offpolicy.collection.torchrl_env_copies`)."""
+        from offpolicy.collection import torchrl_env_copies
 
-        return 1 if lean_collection(cfg) else cfg.env.num_envs
+        return torchrl_env_copies(cfg)
 
     def __init__(self, builder, env, parts: AlgoParts, run_dir: Path, seed: int):
         cfg = self.cfg = builder.cfg

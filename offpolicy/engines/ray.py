@@ -32,7 +32,7 @@ from tensordict import TensorDict
 from offpolicy.algos import AlgoParts
 from offpolicy.builder import Builder
 from offpolicy.engines.base import Engine, LearnerLost
-from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted
+from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted, ShareReplayBuffer
 from offpolicy.envs import obs_norm_state
 from offpolicy.invariants import InvariantError
 from offpolicy.replay import n_step_transform
@@ -73,10 +73,11 @@ def start_ray(cfg: DictConfig) -> None:
 
 
 def make_replay_actor(cfg: DictConfig):
-    """The replay actor: a FIFO of ``replay.size`` transitions sampled uniformly, owned by Ray (0 CPUs reserved)."""
-    from torchrl.data import LazyTensorStorage, RandomSampler, RayReplayBuffer, TensorDictReplayBuffer
+    """The replay actor: a FIFO of ``replay.size`` transitions sampled uniformly, owned by Ray (0 CPUs reserved),
+    that knows which collector actor wrote which round's share (:class:`ShareReplayBuffer`)."""
+    from torchrl.data import LazyTensorStorage, RandomSampler, RayReplayBuffer
 
-    return RayReplayBuffer(replay_buffer_cls=TensorDictReplayBuffer,
+    return RayReplayBuffer(replay_buffer_cls=ShareReplayBuffer,
                            storage=partial(LazyTensorStorage, cfg.replay.size), sampler=RandomSampler,
                            transform=n_step_transform(cfg),
                            remote_config={"num_cpus": 0}, ray_init_config={"address": "auto"})

@@ -10,6 +10,12 @@ per CartPole env step inside an actor here (the lean collector: ~0.2 ms; a Ray S
 1,000-step round collecting, against 0.4 s locally), its round iterator ends with the first ``RayActorError``, and
 its default weight sync joins the driver and every actor in one torch.distributed group, which a dead member breaks
 for good. Weights go through Ray's object store (one ``ray.put`` per publication).
+
+Accounting after a death: every write is one actor's share of one round, tagged with the actor's seed slot (one per
+incarnation) and the round, and the replay actor (:class:`ShareReplayBuffer`) closes a dead actor's slot before the
+pool decides: the answer (the last round that slot wrote) says whether the share is in replay, and a write of the dead
+actor still on its way arrives after the close and is refused. Why: a killed actor's write may still be queued at the
+replay actor when its death is seen, and no quiet period tells when it has run.
 """
 from __future__ import annotations
 
@@ -18,18 +24,43 @@ import time
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torchrl.data import TensorDictReplayBuffer
 
 from offpolicy.builder import Builder
+from offpolicy.collection import torchrl_env_copies
 from offpolicy.envs import collector_seed
-from offpolicy.invariants import InvariantError
 from offpolicy.rollout import Rollout, RolloutStats, for_replay
 
-WRITES_SETTLE_S = 0.5  # a dead actor's last replay write may still be queued at the replay actor: wait this long quiet
+
+class ShareReplayBuffer(TensorDictReplayBuffer):
+    """The replay actor's buffer: torchrl's, plus the collector actors' share writes, each tagged with the writer's
+    seed slot and the round, and the closing of a dead writer's slot. The actor runs one call at a time, so a close
+    splits a dead writer's writes exactly into those before it (in replay, reported) and those after (refused)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.share_rounds: dict[int, int] = {}  # writer slot -> the last round whose share it wrote
+        self.closed_writers: set[int] = set()
+
+    def write_share(self, batch, writer: int, round_index: int) -> bool:
+        """Write ``batch``, the share of round ``round_index`` of the actor on seed slot ``writer``, unless that slot
+        was closed (its actor was found dead and replaced); returns whether it was written."""
+        if writer in self.closed_writers:
+            return False
+        self.extend(batch)
+        self.share_rounds[writer] = round_index
+        return True
+
+    def close_writer(self, writer: int) -> int | None:
+        """Refuse every later write of slot ``writer``; returns the last round whose share it wrote (None: none)."""
+        self.closed_writers.add(writer)
+        return self.share_rounds.get(writer)
 
 
 class CollectorActor:
     """One collector (a Ray actor): ``env.num_envs`` env copies of seed slot ``slot``, the stochastic ``policy``,
-    batches of ``collector.env_steps_per_batch / ray.num_collectors`` transitions written into ``replay``."""
+    batches of ``collector.env_steps_per_batch / ray.num_collectors`` transitions written into ``replay`` (a
+    :class:`ShareReplayBuffer`, tagged with ``slot``)."""
 
     def __init__(self, cfg: dict, policy, replay, slot: int, seed: int, obs_norm: dict | None):
         cfg = OmegaConf.create(cfg)
@@ -38,17 +69,19 @@ class CollectorActor:
         device = torch.device("cuda") if cfg.ray.collector_gpus else None  # then torchrl's Collector (lean: CPU)
         self.policy = policy.to(device) if device is not None else policy
         share = cfg.collector.env_steps_per_batch // cfg.ray.num_collectors
-        self.collector = builder.collector(builder.train_env(obs_norm, seed=first_seed), self.policy, first_seed,
-                                           env_steps_per_batch=share, policy_device=device)
-        self.replay = replay
+        env = builder.train_env(obs_norm, seed=first_seed, num_envs=torchrl_env_copies(cfg))
+        self.collector = builder.collector(env, self.policy, first_seed, env_steps_per_batch=share,
+                                           policy_device=device)
+        self.replay, self.slot = replay, slot
         self.stats = RolloutStats()
         self.batches = iter(self.collector)
 
-    def collect(self) -> None:
-        """One batch into replay (what :meth:`LocalEngine.collect` does in the training process)."""
+    def collect(self, round_index: int) -> None:
+        """One batch into replay as this actor's share of round ``round_index`` (what :meth:`LocalEngine.collect`
+        does in the training process)."""
         batch = for_replay(next(self.batches))
-        self.replay.extend(batch)
-        self.stats(batch)
+        if self.replay.write_share(batch, self.slot, round_index):  # refused: the pool replaced this actor already
+            self.stats(batch)
 
     def drain(self) -> Rollout:
         return self.stats.drain()
@@ -74,56 +107,59 @@ class CollectorActor:
 
 class CollectorPool:
     """``ray.num_collectors`` collector actors that each run ``policy`` (stochastic) on ``env.num_envs`` envs and write
-    flattened rollouts into ``replay``; one :meth:`round` collects ``collector.env_steps_per_batch`` in all."""
+    flattened rollouts into ``replay`` (made by :func:`offpolicy.engines.ray.make_replay_actor`); one :meth:`round`
+    collects ``collector.env_steps_per_batch`` in all. Ray is touched only through ``replay``, ``ray.put`` and the
+    methods :meth:`_start`, :meth:`_gather` and :meth:`_kill` (the accounting tests put fake actors behind them)."""
 
     def __init__(self, cfg: DictConfig, policy, replay, obs_norm: dict | None, seed: int):
         import ray
 
         self.policy, self.replay = policy, replay
+        self.writes = replay.client()  # the actors' way into replay, and the pool's to close a dead one's writes
         self.count = cfg.ray.num_collectors
         self.share = cfg.collector.env_steps_per_batch // self.count  # transitions per actor per round
         self.max_restarts, self.restarts = cfg.ray.max_collector_restarts, 0
         self.timeout = float(cfg.ray.step_timeout_s)
         self.version = 0  # publications so far (the policy version every actor holds)
+        self.rounds = 0  # rounds started (the tag of this round's writes)
         self.failure: CollectorsExhausted | None = None  # a death past the limit in a publication, raised next round
         self.config, self.obs_norm, self.seed = OmegaConf.to_container(cfg, resolve=True), obs_norm, seed
         resources = {"num_cpus": cfg.ray.collector_cpus}
         if cfg.ray.collector_gpus:
             resources["num_gpus"] = cfg.ray.collector_gpus
         self.actor_class = ray.remote(**resources)(CollectorActor)
-        self.actors = []
-        for slot in range(self.count):
-            self.actors.append(self._start(slot))
+        self.slots = list(range(self.count))  # actor i's env seed slot, also the tag of its writes
+        self.actors = [self._start(slot) for slot in self.slots]
 
     def _start(self, slot: int):
-        return self.actor_class.remote(self.config, self.policy, self.replay.client(), slot, self.seed, self.obs_norm)
+        return self.actor_class.remote(self.config, self.policy, self.writes, slot, self.seed, self.obs_norm)
 
     def round(self) -> Rollout:
         """Every actor collects its share with the published policy and writes it into replay. A dead actor is
-        replaced and its share collected again, unless the share reached replay before the actor died: then only its
-        episode statistics are lost with it (also when it dies after its batch, before its statistics are read)."""
+        replaced and its share collected again, unless the share reached replay before the actor died (the replay
+        actor says which, exactly): then only its episode statistics are lost with it (also when it dies after its
+        batch, before its statistics are read)."""
         if self.failure is not None:
             raise self.failure
-        expected = self.replay.write_count + self.share * self.count
-        results, dead = self._gather([actor.collect.remote() for actor in self.actors])
+        self.rounds += 1
+        holds = [False] * self.count  # whether actor i's statistics hold a share of this round
         lost = 0  # shares in replay whose statistics died with their actor
-        while dead:  # ends: every death uses one of the ray.max_collector_restarts replacements
-            for i in dead:
-                self._replace(i, results[i])
-            short = expected - self._settled_writes()
-            missing, leftover = divmod(short, self.share)
-            if leftover or not 0 <= missing <= len(dead):
-                raise InvariantError(f"replay is {short} transitions short of a round of {self.count} collectors x "
-                                     f"{self.share} with {len(dead)} collector(s) dead")
-            lost += len(dead) - missing
-            again = dead[:missing]
-            results, dead_again = self._gather([self.actors[i].collect.remote() for i in again])
-            results = dict(zip(again, results))
-            dead = [again[j] for j in dead_again]
+        todo = list(range(self.count))
+        while todo:  # ends: every death uses one of the ray.max_collector_restarts replacements
+            results, dead = self._gather([self.actors[i].collect.remote(self.rounds) for i in todo])
+            again = []
+            for j, i in enumerate(todo):
+                if j not in dead:
+                    holds[i] = True
+                elif self._replace(i, results[j]) == self.rounds:
+                    lost += 1  # its share is in replay
+                else:
+                    again.append(i)  # its share is not, and now cannot be: the replacement collects it
+            todo = again
         stats, dead = self._gather([actor.drain.remote() for actor in self.actors])
         for i in dead:
             self._replace(i, stats[i])
-        lost += len(dead)
+            lost += holds[i]  # a replacement that died before collecting held no share
         # a share whose statistics died: its count, and the version every live actor held all round (each
         # publication is confirmed by every actor)
         share = Rollout(env_steps=self.share, version_lo=self.version, version_hi=self.version)
@@ -160,7 +196,7 @@ class CollectorPool:
         for actor in self.actors:
             with contextlib.suppress(Exception):  # dead or stuck: killed below either way
                 ray.get(actor.shutdown.remote(), timeout=10)
-            ray.kill(actor)
+            self._kill(actor)
 
     # --- failures -----------------------------------------------------------------------------------------------------
     def call(self, method: str, *args, replacement_answers: bool = True) -> list:
@@ -196,32 +232,28 @@ class CollectorPool:
                 dead.append(i)
         return results, dead
 
-    def _replace(self, i: int, error: BaseException) -> None:
-        """A new actor in place of dead actor ``i``: fresh env seeds, the driver's policy (the published weights and
-        exploration state) and the current version. Past ``ray.max_collector_restarts`` the run ends with the dead
-        actor's error."""
+    def _kill(self, actor) -> None:
         import ray
 
+        ray.kill(actor)
+
+    def _replace(self, i: int, error: BaseException) -> int | None:
+        """A new actor in place of dead actor ``i``: fresh env seeds, the driver's policy (the published weights and
+        exploration state) and the current version. Returns the last round whose share the dead actor wrote into
+        replay (None: none), read as its writes are closed (one still on its way is refused). Past
+        ``ray.max_collector_restarts`` the run ends with the dead actor's error."""
+        written = self.writes.close_writer(self.slots[i])
         if self.restarts == self.max_restarts:
             raise CollectorsExhausted(f"no replacement left (ray.max_collector_restarts={self.max_restarts})"
                                       ) from error
         self.restarts += 1
-        ray.kill(self.actors[i])  # dead already; makes sure its CPU reservation is freed
-        slot = i + self.count * self.restarts  # past every slot used before: no env stream repeats
-        self.actors[i] = self._start(slot)
-        print(f"ray: collector {i} died; replaced by a new actor on env seed slot {slot} "
+        self._kill(self.actors[i])  # dead already; makes sure its CPU reservation is freed
+        self.slots[i] = i + self.count * self.restarts  # past every slot used before: no env stream repeats
+        self.actors[i] = self._start(self.slots[i])
+        print(f"ray: collector {i} died; replaced by a new actor on env seed slot {self.slots[i]} "
               f"(restart {self.restarts} of {self.max_restarts})", flush=True)
         self._ask(i, "set_version", self.version)  # (a death here uses another restart)
-
-    def _settled_writes(self) -> int:
-        """The replay's write count once no write has arrived for :data:`WRITES_SETTLE_S`."""
-        last = self.replay.write_count
-        while True:
-            time.sleep(WRITES_SETTLE_S)
-            now = self.replay.write_count
-            if now == last:
-                return now
-            last = now
+        return written
 
 
 class CollectorsExhausted(RuntimeError):
