@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import random
 import signal
 import time
 from types import SimpleNamespace
@@ -112,23 +111,21 @@ def _collector_actors(proc, timeout: float = 30.0) -> list[psutil.Process]:
     return []
 
 
-def test_ray_dead_collectors_are_replaced_then_the_limit_ends_the_run_and_it_resumes(tmp_path):
-    """DQN on CartPole with profile=ray_smoke and ray.max_collector_restarts=3. SIGKILL a collector actor three times
-    at random moments (during a batch, a replay write, a weight publication, or a replacement's start-up): each is
-    replaced (fresh env seeds, current weights and version) and every round invariant keeps holding. A fourth kill
-    ends the run within 30 s with one error line naming the limit, exit 4, a summary and a checkpoint whose learner
-    matches its counters, and no Ray process left. Resuming it restores the ranks and completes exactly."""
+def test_a_dead_collector_past_the_limit_ends_the_run_and_it_resumes(tmp_path):
+    """DQN on CartPole with profile=ray_smoke and ray.max_collector_restarts=0: SIGKILL a collector actor once the
+    run trains. Whatever it was doing (a batch, a replay write, a weight publication), no replacement is left: the
+    run ends within 30 s with one error line naming the limit, exit 4, a summary and a checkpoint whose learner
+    matches its counters, and no Ray process left. Resuming it restores the ranks and completes exactly. (Which
+    moment a death comes at, and a replacement's accounting, are tested with fixed paths: the fake-actor tests below
+    and the real-Ray pool test.)"""
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
     proc = start_module("offpolicy.train", "algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "total_env_steps=100000",
-                        "eval.interval_env_steps=0", "ray.max_collector_restarts=3", f"run_dir={run_dir}", log=log)
-    rng = random.Random(1)
+                        "eval.interval_env_steps=0", "ray.max_collector_restarts=0", f"run_dir={run_dir}", log=log)
     try:
         _wait_for_training(proc, run_dir, log)
-        for _ in range(4):
-            time.sleep(rng.uniform(0.5, 3.0))
-            actors = _collector_actors(proc)
-            assert actors and proc.poll() is None, log.read_text()[-3000:]
-            rng.choice(actors).send_signal(signal.SIGKILL)
+        actors = _collector_actors(proc)
+        assert actors and proc.poll() is None, log.read_text()[-3000:]
+        actors[0].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         code = proc.wait(timeout=60)
         assert time.monotonic() - killed < 30
@@ -137,13 +134,11 @@ def test_ray_dead_collectors_are_replaced_then_the_limit_ends_the_run_and_it_res
             proc.kill()
     out = log.read_text()
     assert code == 4, out[-3000:]
-    assert [line.split(";")[1].split("(")[1] for line in out.splitlines() if line.startswith("ray: collector")] == [
-        f"restart {k} of 3)" for k in (1, 2, 3)]
-    assert "error: a Ray collector died (CollectorActor, pid" in out
+    assert "ray: collector" not in out and "error: a Ray collector died (CollectorActor, pid" in out
     failed = summary(run_dir)
-    assert failed["status"] == "failed" and failed["collector_restarts"] == 3
-    assert "no replacement left (ray.max_collector_restarts=3)" in failed["error"]
-    # every replaced round was whole: as many transitions written as counted, one publication per round
+    assert failed["status"] == "failed" and failed["collector_restarts"] == 0
+    assert "no replacement left (ray.max_collector_restarts=0)" in failed["error"]
+    # every counted round was whole: as many transitions written as counted, one publication per round
     assert failed["replay_writes"] == failed["env_steps"] == 400 * failed["batches"]
     assert failed["policy_version"] == failed["batches"]
     ckpt = load_checkpoint(failed["checkpoint"])
@@ -279,10 +274,12 @@ def test_a_ray_failure_wrapped_in_another_error_is_still_one_line():
     assert describe_ray_failure(ValueError("not Ray")) is None
 
 
-def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
+def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path, capsys):
     """A resumed run's collector actors join at the checkpoint's policy version in one call per actor (not one
-    publication per past round), carry it into their next batch, and a publication sends the driver's weights; an
-    actor that dies in a publication with no replacement left ends the run at the next collection."""
+    publication per past round), carry it into their next batch, and a publication sends the driver's weights. An
+    actor killed between rounds (so it dies before its write) is replaced on a fresh seed slot at the current version
+    and its replacement collects the share: the round is whole. An actor that dies in a publication with no
+    replacement left ends the run at the next collection."""
     import ray
     from tensordict import TensorDict
 
@@ -301,12 +298,19 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
         replay = make_replay_actor(cfg)
         pool = CollectorPool(cfg, parts.collect_policy, replay, None, seed=0)
         weights = TensorDict.from_module(parts.collect_policy).data
+        assert pool.call("policy_version") == [0, 0]  # the actors are up: their start-up is not timed below
         start = time.monotonic()
         pool.restore(weights, version=1_000_000)
         assert time.monotonic() - start < 10
         assert pool.call("policy_version") == [1_000_000, 1_000_000]
         rollout = pool.round()
         assert rollout.env_steps == 400 == len(replay) and (rollout.version_lo, rollout.version_hi) == (1_000_000,) * 2
+        ray.kill(pool.actors[0])
+        rollout = pool.round()
+        replaced = "ray: collector 0 died; replaced by a new actor on env seed slot 2 (restart 1 of 3)"
+        assert replaced in capsys.readouterr().out
+        assert rollout.env_steps == 400 and replay.write_count == 800 and len(rollout.returns) > 0
+        assert (rollout.version_lo, rollout.version_hi) == (1_000_000,) * 2 and pool.slots == [2, 1]
         with torch.no_grad():
             for p in parts.collect_policy.parameters():
                 p.fill_(0.25)
@@ -314,17 +318,17 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path):
         local = parts.collect_policy.state_dict()  # the Q network at 0.25, epsilon's buffers as they were
         for state in pool.call("policy_state"):
             assert state.keys() == local.keys() and all(torch.equal(state[k], local[k]) for k in local)
-        assert pool.restarts == 0
+        assert pool.restarts == 1
         # a death past the limit during a publication (after the round's learning): the publication completes for
         # the live actors and the run ends at the next collection, so the loop has counted the round first
-        pool.max_restarts = 0
+        pool.max_restarts = 1
         ray.kill(pool.actors[0])
         assert pool.publish(TensorDict.from_module(parts.collect_policy).data) == 1_000_002
         with pytest.raises(CollectorsExhausted) as info:
             pool.round()
         line = describe_ray_failure(info.value)
         assert line.startswith("a Ray collector died (") and line.endswith(
-            "; no replacement left (ray.max_collector_restarts=0)"), line
+            "; no replacement left (ray.max_collector_restarts=1)"), line
     finally:
         if pool is not None:
             pool.close()

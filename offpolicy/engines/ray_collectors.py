@@ -34,8 +34,9 @@ from offpolicy.rollout import Rollout, RolloutStats, for_replay
 
 class ShareReplayBuffer(TensorDictReplayBuffer):
     """The replay actor's buffer: torchrl's, plus the collector actors' share writes, each tagged with the writer's
-    seed slot and the round, and the closing of a dead writer's slot. The actor runs one call at a time, so a close
-    splits a dead writer's writes exactly into those before it (in replay, reported) and those after (refused)."""
+    seed slot and the round, and the closing of a dead writer's slot. The actor runs one call at a time (a Ray actor
+    without ``max_concurrency``), so a close splits a dead writer's writes exactly into those before it (in replay,
+    reported) and those after (refused)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -108,8 +109,8 @@ class CollectorActor:
 class CollectorPool:
     """``ray.num_collectors`` collector actors that each run ``policy`` (stochastic) on ``env.num_envs`` envs and write
     flattened rollouts into ``replay`` (made by :func:`offpolicy.engines.ray.make_replay_actor`); one :meth:`round`
-    collects ``collector.env_steps_per_batch`` in all. Ray is touched only through ``replay``, ``ray.put`` and the
-    methods :meth:`_start`, :meth:`_gather` and :meth:`_kill` (the accounting tests put fake actors behind them)."""
+    collects ``collector.env_steps_per_batch`` in all. The actors are reached only through :meth:`_start`,
+    :meth:`_gather` and :meth:`_kill` (the accounting tests put fake actors behind them), and ``ray.put``."""
 
     def __init__(self, cfg: DictConfig, policy, replay, obs_norm: dict | None, seed: int):
         import ray
