@@ -5,6 +5,7 @@ stream), checkpoints, bad values."""
 from __future__ import annotations
 
 import io
+import math
 
 import pytest
 import torch
@@ -226,13 +227,27 @@ def test_frame_replay_state_round_trips_through_a_safe_load(breakout_batches):
         FrameReplay(2000, ENVS, 4).load_state_dict(replay.state_dict())
 
 
-def test_atari_replay_bytes_per_transition():
+@pytest.mark.parametrize("size,envs", [(100, 2), (1000, 4)])
+def test_atari_plan_bytes_per_transition_is_what_the_frame_replay_allocates(breakout_batches, size, envs):
+    """The plan's bytes per transition with frames stored once against the tensors the run's frame replay allocates
+    on its first write of real Breakout steps (2 envs' batch, or each env's half as one of 4): every slot's frame and
+    fields, over ``replay.size``."""
+    cfg, _ = compose_config(["algo=dqn", "profile=atari", "env=Breakout", f"env.num_envs={envs}",
+                             f"collector.env_steps_per_batch={10 * envs}", f"collector.prefill_env_steps={size}",
+                             f"replay.size={size}"])
+    replay = Builder(cfg).replay()
+    assert isinstance(replay, FrameReplay)
+    replay.extend(breakout_batches[0])
+    allocated = sum(t.nbytes for t in replay.data.values(True, True))
+    assert allocated >= size * (84 * 84 + 16)  # a grey frame and 16 B of fields for each of size transitions at least
+    assert make_plan(cfg)["bytes_per_transition"] == math.ceil(allocated / size)
+
+
+def test_atari_frames_once_stores_an_eighth_of_two_stacks():
     frames_once = make_plan(compose_config(["algo=dqn", "profile=atari"])[0])["bytes_per_transition"]
     stacks = make_plan(compose_config(["algo=dqn", "profile=atari", "replay.frames_once=false"])[0])[
         "bytes_per_transition"]
-    assert 84 * 84 + 16 < frames_once <= 8192 and stacks > 56_000
-    replay = FrameReplay(100_000, 10, 4)  # what it allocates: 10 rings of 84x84 frames and 16 B of fields per slot
-    assert frames_once == pytest.approx(replay.slots * 10 * (84 * 84 + 16) / 100_000, abs=1)
+    assert 84 * 84 + 16 < frames_once <= 8192 and stacks > 2 * 4 * 84 * 84
 
 
 def test_atari_frames_once_resumes_with_its_replay(tmp_path):
