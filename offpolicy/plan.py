@@ -1,15 +1,17 @@
 """``python -m offpolicy.plan [algo=...] profile=<name> [key=value ...] [measure=false]``: compose a run's config
 with every check train.py makes (a broken invariant is one ``error:`` line and exit 2) and print what the run would
 do, without starting Ray or training: collectors and envs, transitions per env, batches per rank, UTD, optimiser
-steps in total, the replay's memory (bytes per transition: one step of one env copy written into the run's kind of replay) against this machine's
-memory; then, from rates measured here (:mod:`offpolicy.rates`), the time of one round for collectors, replay writes
-and learners, which of them bounds the round, and the predicted wall time of the prefill and of the whole run.
+steps in total, the replay's memory (bytes per transition: one step of one env copy written into the run's kind of
+replay) against this machine's memory; then, from rates measured here (:mod:`offpolicy.rates`), the time of one
+round for collectors, replay writes and learners, which of them bounds the round, and the predicted wall time of the
+prefill and of the whole run.
 Hardware this machine lacks (GPU collectors and learners, NCCL) is scaled from the measured CPU figures by the
 factors in :data:`ESTIMATES`, each printed with its source. The last line is the plan as JSON.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 
@@ -57,7 +59,13 @@ def transition_bytes(cfg: DictConfig) -> int:
     finally:
         collector.shutdown()
     replay = builder.replay()
-    replay.extend(step)
+    torchrl_log = logging.getLogger("torchrl")  # its storage announces the allocation on stdout, before the plan
+    level = torchrl_log.level
+    torchrl_log.setLevel(logging.WARNING)
+    try:
+        replay.extend(step)
+    finally:
+        torchrl_log.setLevel(level)
     return replay.storage.get(torch.zeros(1, dtype=torch.int64)).bytes()
 
 
