@@ -1,22 +1,24 @@
 """``python -m offpolicy.plan [algo=...] profile=<name> [key=value ...] [measure=false]``: compose a run's config
 with every check train.py makes (a broken invariant is one ``error:`` line and exit 2) and print what the run would
 do, without starting Ray or training: collectors and envs, transitions per env, batches per rank, UTD, optimiser
-steps in total, the replay's memory (bytes per transition measured on one copy of the env) against this machine's
-memory; then, from rates measured here (:mod:`offpolicy.rates`), the time of one round for collectors, replay writes
-and learners, which of them bounds the round, and the predicted wall time of the prefill and of the whole run.
+steps in total, the replay's memory (bytes per transition: one step of one env copy written into the run's kind of
+replay) against this machine's memory; then, from rates measured here (:mod:`offpolicy.rates`), the time of one
+round for collectors, replay writes and learners, which of them bounds the round, and the predicted wall time of the
+prefill and of the whole run.
 Hardware this machine lacks (GPU collectors and learners, NCCL) is scaled from the measured CPU figures by the
 factors in :data:`ESTIMATES`, each printed with its source. The last line is the plan as JSON.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 
 import psutil
 from omegaconf import DictConfig
 
-from offpolicy.algos import ALGOS, algorithm
+from offpolicy.algos import ALGOS
 from offpolicy.builder import Builder
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
 from offpolicy.engines import engine_class
@@ -28,10 +30,15 @@ USAGE = f"usage: python -m offpolicy.plan [algo={'|'.join(ALGOS)}] profile=NAME 
 
 
 def transition_bytes(cfg: DictConfig) -> int:
-    """Bytes one stored transition takes: a real step of one env copy, with the keys the collector adds
-    (policy version, trajectory id); with ``replay.frames_once``, one frame and its slot's fields."""
+    """Bytes one stored transition takes in the run's replay: one step of one env copy, collected by the run's kind
+    of collector (torchrl's keeps more than ours: root copies of the done flags, the policy's outputs) and written into
+    a replay built as the run builds it (n-step windows add ``steps_to_next_obs``, the buffer an ``index``); with
+    ``replay.frames_once``, one frame and its slot's fields."""
     import torch
     from omegaconf import OmegaConf
+
+    from offpolicy.collection import lean_collection
+    from offpolicy.rollout import for_replay
 
     if cfg.replay.frames_once:
         from offpolicy.frame_replay import frame_replay_bytes_per_transition
@@ -39,16 +46,27 @@ def transition_bytes(cfg: DictConfig) -> int:
         return frame_replay_bytes_per_transition(cfg.replay.size, cfg.env.num_envs, cfg.env.atari.frame_stack,
                                                  cfg.env.atari.image_size)
 
-    one = OmegaConf.merge(cfg, {"env": {"num_envs": 1, "obs_norm": False}})
-    env = Builder(one).train_env()
+    # one copy (the run's collector kind kept), a replay of one transition in memory: a row of it is what the
+    # run's storage allocates per transition
+    one = OmegaConf.merge(cfg, {"env": {"num_envs": 1, "obs_norm": False}, "compile": {"enabled": False},
+                                "collector": {"lean": lean_collection(cfg)},
+                                "replay": {"size": 1, "storage": "memory"}})
+    builder = Builder(one)
+    env = builder.train_env()
+    collector = builder.collector(env, builder.parts(env).collect_policy, env_steps_per_batch=1)  # closes env
     try:
-        algorithm(cfg.algo).check_actions(cfg.env.name, env.action_spec_unbatched)  # as offpolicy.train does
-        step = env.rollout(1)[0]
+        step = for_replay(next(iter(collector)))
     finally:
-        env.close()
-    leaves = [t for t in step.values(True, True) if isinstance(t, torch.Tensor)]
-    added = 2 * torch.empty((), dtype=torch.int64).element_size()  # policy_version + ("collector", "traj_ids")
-    return sum(t.numel() * t.element_size() for t in leaves) + added
+        collector.shutdown()
+    replay = builder.replay()
+    torchrl_log = logging.getLogger("torchrl")  # its storage announces the allocation on stdout, before the plan
+    level = torchrl_log.level
+    torchrl_log.setLevel(logging.WARNING)
+    try:
+        replay.extend(step)
+    finally:
+        torchrl_log.setLevel(level)
+    return replay.storage.get(torch.zeros(1, dtype=torch.int64)).bytes()
 
 
 def make_plan(cfg: DictConfig) -> dict:

@@ -19,8 +19,10 @@ def check_gym_name(name: str) -> None:
     if is_dmc(name):
         dmc_task(name)
         return
+    import gymnasium
+
     examples = "CartPole-v1, Pendulum-v1, HalfCheetah-v5, Hopper-v5, Humanoid-v5, Pong, dmc:cheetah-run"
-    if name not in _gym_ids():
+    if name not in gymnasium.registry:  # read now: ids registered after an earlier check count too
         raise ConfigError(f"env.name={name!r} is not a Gymnasium id or an ALE game; allowed: e.g. {examples} "
                           "(a dm_control task is dmc:<domain>-<task>)")
     from gymnasium.spaces import Box
@@ -142,10 +144,3 @@ def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = Fals
     env = TransformedEnv(base, Compose(*transforms, DoubleToFloat(), RewardSum()))
     env.set_seed(seed)
     return env
-
-
-@functools.lru_cache(maxsize=1)
-def _gym_ids() -> frozenset:
-    import gymnasium
-
-    return frozenset(gymnasium.registry)

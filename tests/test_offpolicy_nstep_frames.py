@@ -5,10 +5,11 @@ stream), checkpoints, bad values."""
 from __future__ import annotations
 
 import io
+import math
 
 import pytest
 import torch
-from offpolicy_helpers import run_cli, summary, train_inprocess
+from offpolicy_helpers import run_cli, summary, train_inprocess, window_length
 from tensordict import TensorDict
 
 from offpolicy.builder import Builder
@@ -163,16 +164,24 @@ def _key(obs, next_obs) -> bytes:
 
 
 def _env_transitions(batches, n: int, gamma: float) -> dict[bytes, set]:
-    """What the env produced, as n-step transitions: (observation, next observation) -> their fields."""
+    """What the env produced, as n-step transitions counted by hand (not with the n-step code the replay uses):
+    (observation, next observation of the window's last step) -> the fields."""
     table: dict[bytes, set] = {}
     for batch in batches:
-        steps = n_step_transitions(batch.reshape(ENVS, -1), n, gamma).reshape(-1)
-        for i in range(steps.numel()):
-            s = steps[i]
-            fields = (int(s["action"].argmax()), round(float(s["next", "reward"]), 5),
-                      int(s["steps_to_next_obs"]) if n > 1 else 1,
-                      *(bool(s["next", k]) for k in ("terminated", "truncated", "done")))
-            table.setdefault(_key(s["observation"], s["next", "observation"]), set()).add(fields)
+        rows = batch.reshape(ENVS, -1)
+        for env in range(ENVS):
+            nxt = rows[env]["next"]
+            ended = nxt["done"].reshape(-1).tolist()
+            reward = nxt["reward"].reshape(-1).tolist()
+            flags = [nxt[key].reshape(-1).tolist() for key in ("terminated", "truncated", "done")]
+            actions = rows[env]["action"].argmax(-1).tolist()
+            for t in range(len(ended)):
+                k = window_length(ended, t, n)
+                last = t + k - 1
+                fields = (actions[t], round(sum(gamma ** i * reward[t + i] for i in range(k)), 4), k,
+                          *(bool(flag[last]) for flag in flags))
+                key = _key(rows[env]["observation"][t], nxt["observation"][last])
+                table.setdefault(key, set()).add(fields)
     return table
 
 
@@ -191,7 +200,7 @@ def test_sampled_stacks_equal_the_env_stacks(breakout_batches, n, size):
     assert sample["action"].shape == (4000, breakout_batches[0]["action"].shape[-1])
     for i in range(len(sample)):
         s = sample[i]
-        fields = (int(s["action"].argmax()), round(float(s["next", "reward"]), 5), int(s["steps_to_next_obs"]),
+        fields = (int(s["action"].argmax()), round(float(s["next", "reward"]), 4), int(s["steps_to_next_obs"]),
                   *(bool(s["next", k]) for k in ("terminated", "truncated", "done")))
         assert fields in table.get(_key(s["observation"], s["next", "observation"]), set()), i
     # the samples cover the hard cases: episode starts (zero frames), ends (game over and lost life), short windows
@@ -204,6 +213,111 @@ def test_sampled_stacks_equal_the_env_stacks(breakout_batches, n, size):
         assert int(versions.max()) == BATCHES - 1 and int(versions.min()) >= BATCHES - 8
     else:  # all, with the last transitions before the restart (their next frame kept as a final frame)
         assert int(versions.min()) == 0 and (versions == BATCHES // 2 - 1).any()
+
+
+# --- frames stored once: a hand-made stream, every frame known, stacks by plain indexing ---------------------------
+
+# per env, its games in order: (steps, how the last one ends); "cut": the stream restarts after it without a done
+# flag (a resumed run resets its envs at a batch's start), or the data ends. Batches of 10 steps, 60 steps per env.
+GAMES = ([(5, "terminated"), (7, "truncated"), (18, "terminated"), (10, "cut"), (20, "cut")],
+         [(1, "terminated"), (1, "truncated"), (8, "terminated"), (30, "truncated"), (20, "cut")])
+LIVES_LOST = ({2, 8, 38, 45}, {19, 20})  # steps (of each env's stream) where a life is lost and the game goes on
+SPAN, PARTS = 10, 6
+
+
+def _frame(env: int, game: int, j: int) -> torch.Tensor:
+    """Frame ``j`` of a game (``j = length``: the frame after its last step), a 1x3 grey image unique in the run."""
+    return torch.tensor([[env + 1, game + 1, j + 1]], dtype=torch.uint8)
+
+
+def _stack(env: int, game: int, j: int) -> torch.Tensor:
+    """The 4 frames up to frame ``j`` of a game, oldest first, zero before its first frame."""
+    return torch.stack([_frame(env, game, i) if i >= 0 else torch.zeros(1, 3, dtype=torch.uint8)
+                        for i in range(j - 3, j + 1)])
+
+
+def _stream(env: int) -> list[dict]:
+    """The env's steps in order: observation and next observation stacks, reward, action, end flags."""
+    steps = []
+    for game, (length, end) in enumerate(GAMES[env]):
+        for j in range(length):
+            s, last = len(steps), j == length - 1
+            steps.append({"obs": _stack(env, game, j), "next": _stack(env, game, j + 1), "reward": s + 1.0 + 100 * env,
+                          "action": (7 * s + env) % 3, "terminated": last and end == "terminated",
+                          "truncated": last and end == "truncated", "lost": s in LIVES_LOST[env], "first": j == 0})
+    assert len(steps) == SPAN * PARTS
+    return steps
+
+
+def _hand_batches() -> list:
+    """The streams as collected batches (``[2, 10]``, stamped with their index as policy version), through
+    ``for_replay`` as the engine writes them."""
+    streams = [_stream(env) for env in range(2)]
+    batches = []
+    for part in range(PARTS):
+        rows = [steps[part * SPAN:(part + 1) * SPAN] for steps in streams]
+
+        def column(key, dtype=None):
+            return torch.tensor([[step[key] for step in row] for row in rows], dtype=dtype).unsqueeze(-1)
+
+        term, trunc = column("terminated"), column("truncated")
+        batch = TensorDict({
+            "observation": torch.stack([torch.stack([step["obs"] for step in row]) for row in rows]),
+            "action": torch.nn.functional.one_hot(column("action").squeeze(-1), 3), "is_init": column("first"),
+            "next": {"observation": torch.stack([torch.stack([step["next"] for step in row]) for row in rows]),
+                     "reward": column("reward", torch.float32), "terminated": term, "truncated": trunc,
+                     "done": term | trunc, "life_lost": column("lost").squeeze(-1),
+                     "policy_version": torch.full((2, SPAN), part)},
+        }, batch_size=[2, SPAN])
+        batches.append(for_replay(batch))
+    return batches
+
+
+def _hand_transitions(n: int, gamma: float) -> dict[bytes, tuple]:
+    """Every n-step transition of the streams, by plain indexing: (observation, next observation) -> its fields.
+    A window stops after an ended step (a lost life too: it ends the training episode) and at its batch's end."""
+    table = {}
+    for env in range(2):
+        steps = _stream(env)
+        for part in range(PARTS):
+            span = steps[part * SPAN:(part + 1) * SPAN]
+            ended = [st["terminated"] or st["truncated"] or st["lost"] for st in span]
+            for t, step in enumerate(span):
+                k = window_length(ended, t, n)
+                last = span[t + k - 1]
+                term = last["terminated"] or last["lost"]
+                table[_key(step["obs"], last["next"])] = (
+                    step["action"], sum(gamma ** i * span[t + i]["reward"] for i in range(k)), k, term,
+                    last["truncated"], term or last["truncated"], part)
+    return table
+
+
+@pytest.mark.parametrize("n,size", [(1, 1000), (3, 1000), (3, 40)])
+def test_sampled_stacks_equal_hand_made_stacks(n, size):
+    """1000: every transition held, and sampling finds each of them, nothing else; 40: the ring wraps and holds the
+    newest. Episode starts zero the frames before them (no frame of the previous game leaks in), lost lives do not
+    break the stack, game overs and truncations keep their final frame, a cut stream keeps its provisional one."""
+    replay = FrameReplay(size, 2, 4, n_steps=n, gamma=0.5, generator=torch.Generator().manual_seed(0))
+    for batch in _hand_batches():
+        replay.extend(batch)
+    table = _hand_transitions(n, 0.5)
+    assert len(table) == 2 * SPAN * PARTS
+    sample = replay.sample(3000)
+    seen = set()
+    for i in range(len(sample)):
+        s = sample[i]
+        key = _key(s["observation"], s["next", "observation"])
+        assert key in table, i
+        action, reward, k, term, trunc, done, version = table[key]
+        assert (int(s["action"].argmax()), int(s["steps_to_next_obs"])) == (action, k), i
+        assert float(s["next", "reward"]) == pytest.approx(reward), i
+        assert [bool(s["next", f]) for f in ("terminated", "truncated", "done")] == [term, trunc, done], i
+        assert int(s["next", "policy_version"]) == version, i
+        seen.add(key)
+    if size >= 2 * SPAN * PARTS:
+        assert seen == set(table) and len(replay) == len(table)
+    else:  # the ring keeps about the newest 20 steps of each env: the last two batches
+        assert len(replay) >= size and {table[key][-1] for key in seen} == {PARTS - 2, PARTS - 1}
 
 
 def test_frame_replay_state_round_trips_through_a_safe_load(breakout_batches):
@@ -226,13 +340,27 @@ def test_frame_replay_state_round_trips_through_a_safe_load(breakout_batches):
         FrameReplay(2000, ENVS, 4).load_state_dict(replay.state_dict())
 
 
-def test_atari_replay_bytes_per_transition():
+@pytest.mark.parametrize("size,envs", [(100, 2), (1000, 4)])
+def test_atari_plan_bytes_per_transition_is_what_the_frame_replay_allocates(breakout_batches, size, envs):
+    """The plan's bytes per transition with frames stored once against the tensors the run's frame replay allocates
+    on its first write of real Breakout steps (2 envs' batch, or each env's half as one of 4): every slot's frame and
+    fields, over ``replay.size``."""
+    cfg, _ = compose_config(["algo=dqn", "profile=atari", "env=Breakout", f"env.num_envs={envs}",
+                             f"collector.env_steps_per_batch={10 * envs}", f"collector.prefill_env_steps={size}",
+                             f"replay.size={size}"])
+    replay = Builder(cfg).replay()
+    assert isinstance(replay, FrameReplay)
+    replay.extend(breakout_batches[0])
+    allocated = sum(t.nbytes for t in replay.data.values(True, True))
+    assert allocated >= size * (84 * 84 + 16)  # a grey frame and 16 B of fields for each of size transitions at least
+    assert make_plan(cfg)["bytes_per_transition"] == math.ceil(allocated / size)
+
+
+def test_atari_frames_once_stores_an_eighth_of_two_stacks():
     frames_once = make_plan(compose_config(["algo=dqn", "profile=atari"])[0])["bytes_per_transition"]
     stacks = make_plan(compose_config(["algo=dqn", "profile=atari", "replay.frames_once=false"])[0])[
         "bytes_per_transition"]
-    assert 84 * 84 + 16 < frames_once <= 8192 and stacks > 56_000
-    replay = FrameReplay(100_000, 10, 4)  # what it allocates: 10 rings of 84x84 frames and 16 B of fields per slot
-    assert frames_once == pytest.approx(replay.slots * 10 * (84 * 84 + 16) / 100_000, abs=1)
+    assert 84 * 84 + 16 < frames_once <= 8192 and stacks > 2 * 4 * 84 * 84
 
 
 def test_atari_frames_once_resumes_with_its_replay(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from proc import run_module
 
 from offpolicy.plan import make_plan
@@ -44,8 +45,50 @@ def test_plan_counts_match_a_real_run(tmp_path, algo, overrides):
     assert plan["transitions"] == ran["replay_writes"]
 
 
-@pytest.mark.parametrize("profile,env,transition_bytes", [("scale", "HalfCheetah-v5", 212),
-                                                         ("humanoid_scale", "Humanoid-v5", 2904)])
+# bytes per stored transition, key by key: CartPole (4 float32 observations, 2 one-hot int64 actions) collected by
+# our lean collector: observation and next observation 32, action 16, reward and episode return 8, is_init and
+# three done flags 4, step counts (root and next) 16, policy version, trajectory id and the buffer's index 24
+CARTPOLE_LEAN = 32 + 16 + 8 + 4 + 16 + 24
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ([], CARTPOLE_LEAN),
+    (["loss.n_steps=3"], CARTPOLE_LEAN + 8),  # + steps_to_next_obs (int64)
+    # torchrl's Collector also keeps the root done flags, episode return and policy version, next is_init, and the
+    # Q values the policy wrote (2 + 1 float32)
+    (["collector.lean=false"], CARTPOLE_LEAN + 3 + 4 + 8 + 1 + 12),
+])
+def test_plan_bytes_per_transition_is_what_the_replay_allocates(overrides, expected):
+    """The plan's bytes per transition against the tensors a real replay holds once two env copies' collected
+    batches have filled it (every stored key, at the dtype it is stored with, over the capacity)."""
+    from offpolicy.builder import Builder
+    from offpolicy.rollout import for_replay
+
+    capacity = 64
+    cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=smoke", "env.num_envs=2",
+                             "collector.env_steps_per_batch=20", f"replay.size={capacity}",
+                             "collector.prefill_env_steps=40", *overrides])
+    builder = Builder(cfg)
+    env = builder.train_env()
+    collector = builder.collector(env, builder.parts(env).collect_policy)
+    replay = builder.replay()
+    try:
+        for batch in collector:
+            replay.extend(for_replay(batch))
+            if replay.write_count >= capacity:
+                break
+    finally:
+        collector.shutdown()
+    stored = replay.storage.get(torch.arange(capacity))  # every row the storage allocated, as stored
+    allocated = sum(t.nbytes for t in stored.values(True, True))
+    assert allocated == expected * capacity
+    assert make_plan(cfg)["bytes_per_transition"] == allocated / capacity
+
+
+# measured: torchrl's Collector (envpool, GPU collectors) stores root done flags, episode return, step count and
+# policy version, next is_init and the policy's loc and scale beside what our lean collector stores
+@pytest.mark.parametrize("profile,env,transition_bytes", [("scale", "HalfCheetah-v5", 276),
+                                                         ("humanoid_scale", "Humanoid-v5", 3056)])
 def test_scale_profiles_match_the_seed_suite(profile, env, transition_bytes):
     cfg, _ = compose_config(["algo=sac", f"profile={profile}"])
     p = make_plan(cfg)
