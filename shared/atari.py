@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.config import ConfigError
+from shared.dmc import is_dmc
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,10 +45,8 @@ GAME_KEYS = ("game_over", "game_score", "game_length")  # whole Atari games, in 
 
 def is_atari(name: str) -> bool:
     """Whether ``name`` is an ALE game in any spelling A3C accepts (``Pong``, ``pong``, ``ALE/Pong-v5``,
-    ``PongNoFrameskip-v4``); such names always go through the shared Atari stack, never plain Gymnasium. A name with
-    a colon never is: a dm_control task (``dmc:cheetah-run``) or an env of the user's own package (``module:EnvId``,
-    shared/envs.py), decided from the name before anything is imported."""
-    return ":" not in str(name) and not _other_gym_env(str(name)) and atari_rom(str(name)) is not None
+    ``PongNoFrameskip-v4``); such names always go through the shared Atari stack, never plain Gymnasium."""
+    return not is_dmc(name) and not _other_gym_env(str(name)) and atari_rom(str(name)) is not None
 
 
 def _other_gym_env(name: str) -> bool:

@@ -136,8 +136,8 @@ def _gym_base(name: str, *, render: bool, from_pixels: bool, image_size: int):
 
 def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = False,
              atari: AtariSettings | None = None, train: bool = True, from_pixels: bool = False, image_size: int = 64):
-    """A torchrl env for a Gymnasium/MuJoCo id, a dm_control task or an ALE game, with the episode return in
-    ``("next", "episode_reward")``.
+    """A torchrl env for a Gymnasium/MuJoCo id, an own env (``module:EnvId``, its module imported first), a
+    dm_control task or an ALE game, with the episode return in ``("next", "episode_reward")``.
 
     Observations are under ``"observation"``: float32 vectors for state-based Gymnasium/dm_control envs (dm_control's
     observation dict is concatenated, keys in sorted order); uint8 ``[3, image_size, image_size]`` camera images with
