@@ -4,15 +4,12 @@ importing the module from a saved name: the README example in tests/test_docs.py
 from __future__ import annotations
 
 import json
-import os
 import sys
-from pathlib import Path
 
 import pytest
 
 from shared.config import run_cli
 
-REPO = Path(__file__).resolve().parent.parent
 NAME = "own_envs.walk:Walk-v0"
 # a walk on a line: left or right by 0.1, rewarded for staying near 0, 10-step episodes; the observation is the
 # position and the elapsed fraction of the episode
@@ -49,7 +46,7 @@ gym.register("Walk-v0", entry_point=Walk)
 @pytest.fixture(scope="module")
 def walk(tmp_path_factory):
     """The package ``own_envs`` (module ``walk`` registers ``Walk-v0``) written to a temporary directory on this
-    process's path and on PYTHONPATH; the directory. Forgotten afterwards (modules and id)."""
+    process's path; the directory. Forgotten afterwards (modules and id)."""
     import gymnasium
 
     root = tmp_path_factory.mktemp("pkgs")
@@ -58,7 +55,6 @@ def walk(tmp_path_factory):
     (root / "own_envs" / "walk.py").write_text(WALK)
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(root))
-        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), str(REPO), os.environ.get("PYTHONPATH")])))
         yield root
     for name in ("own_envs.walk", "own_envs"):
         sys.modules.pop(name, None)
