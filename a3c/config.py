@@ -14,10 +14,21 @@ ALIASES = {"env": "env.name", "lr": "optim.lr", "arch": "model.arch"}
 GROUPS = (Group("profile"),)
 USAGE = "usage: python -m a3c.train [env=Pong] [workers=N] [profile=smoke] [key=value ...]"
 
+
+def check_env_name(name) -> None:
+    """A3C's env is an ALE game: its workers step ale_py's AtariVectorEnv directly (shared/atari.py), with no
+    Gymnasium env in between, so an own env (``module:EnvId``) or a dm_control task is one clear ConfigError."""
+    if ":" in str(name):
+        raise ConfigError(f"env.name={name!r} is not allowed: A3C takes ALE games only (its workers step ale_py's "
+                          "AtariVectorEnv); allowed: a short name such as Pong or a full id such as ALE/Pong-v5 (envs "
+                          "of your own package, module:EnvId, and dm_control tasks run in the off-policy engine)")
+    check_atari_name(name)
+
+
 _positive_int = Rule(min=1, integer=True)
 _non_negative = Rule(min=0)
 RULES = {
-    "env.name": Rule(check=check_atari_name),
+    "env.name": Rule(check=check_env_name),
     "env.envs_per_worker": _positive_int,
     "env.frame_skip": _positive_int,
     "env.frame_stack": _positive_int,

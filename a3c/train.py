@@ -1,4 +1,5 @@
-"""A3C on Atari: ``python -m a3c.train env=Pong workers=N [profile=smoke] [key=value ...]``.
+"""A3C on Atari: ``python -m a3c.train env=Pong workers=N [profile=smoke] [key=value ...]``, or from Python
+``from a3c import train; summary = train(env="Pong", workers=2)`` (:func:`from_python`).
 
 The global actor-critic and its optimizer state live in shared memory; N worker processes each play, compute
 gradients on a local copy, copy them into the global model and step the shared optimizer (a3c/worker.py). This
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from a3c.config import ALIASES, config_help, load_config
@@ -24,7 +25,7 @@ from a3c.optim import make_shared_optimizer
 from a3c.stats import SharedStats
 from a3c.supervisor import WorkerFailure, WorkerPool
 from shared.checkpoint import load_checkpoint, resumed_config, resumed_seed, save_checkpoint
-from shared.config import make_run_dir, parse_overrides, run_cli
+from shared.config import make_run_dir, overrides_argv, parse_overrides, python_entry_point, run_cli
 from shared.atari import AtariBatch, AtariSettings
 from shared.plots import plot_curves
 
@@ -36,11 +37,15 @@ class StopRequest:
 
     def __init__(self):
         self.signum: int | None = None
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._handle)
+        self.previous = {signum: signal.signal(signum, self._handle) for signum in (signal.SIGINT, signal.SIGTERM)}
 
     def _handle(self, signum, _frame) -> None:
         self.signum = signum
+
+    def restore(self) -> None:
+        """Give the signals back to their previous handlers (a run from Python returns to its caller's Ctrl-C)."""
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
 
 def save(path: Path, model, optimizer, stats: SharedStats, cfg, num_actions: int) -> None:
@@ -57,13 +62,17 @@ def save(path: Path, model, optimizer, stats: SharedStats, cfg, num_actions: int
 CHECKPOINT_KEYS = ("model", "optimizer", "counters", "config", "num_actions")  # what save() writes
 
 
-def main(argv: list[str]) -> int:
-    if {"-h", "--help"} & set(argv):
-        print(config_help())
-        return 0
+def compose_run(argv: list[str]) -> tuple[DictConfig, dict | None]:
+    """The run's config from ``key=value`` words and, with ``resume=PATH``, the checkpoint it continues (its config
+    is the base)."""
     resume = parse_overrides(argv, ALIASES).get("resume")
     ckpt = load_checkpoint(resume, key="resume", required=CHECKPOINT_KEYS, written_by="a3c.train") if resume else None
-    cfg = load_config(argv, base=resumed_config(ckpt["config"], resume) if ckpt else None)
+    return load_config(argv, base=resumed_config(ckpt["config"], resume) if ckpt else None), ckpt
+
+
+def train(cfg: DictConfig, ckpt: dict | None = None) -> dict:
+    """Run the job ``cfg`` describes (continuing checkpoint ``ckpt``); returns the summary (also written to
+    ``summary.json``)."""
     run_dir = make_run_dir(cfg, f"a3c-{cfg.env.name}")
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers before they import torch
     torch.set_num_threads(1)
@@ -115,6 +124,7 @@ def main(argv: list[str]) -> int:
         status, error = "failed", str(exc)
     finally:
         pool.stop(cfg.supervision.stop_timeout_s)
+        stop.restore()
         bar.close()
     save(ckpt_path, model, optimizer, stats, cfg, num_actions)
     elapsed = time.monotonic() - start_time
@@ -143,10 +153,28 @@ def main(argv: list[str]) -> int:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"a3c: {status} at {counts['frames']:,} frames in {elapsed:.0f}s "
           f"({summary['agent_steps_per_s']:.0f} agent steps/s); checkpoint {ckpt_path}", flush=True)
-    if error:
-        print(f"error: {error}", file=sys.stderr)
-    return EXIT_CODES[status]
+    return summary
 
+
+def from_python(**overrides) -> dict:
+    """``a3c.train(env="Pong", workers=2, **overrides)``: a run from Python. The keyword arguments are the command
+    line's keys and aliases (a dict sets the keys under its key, ``a3c={"t_max": 5}``), checked as on the command
+    line: a bad key or value raises ConfigError with the CLI's ``error:`` line as its message. Returns the summary
+    (also written to ``summary.json``); its ``status`` says how the run ended, where the CLI exits with a code."""
+    return train(*compose_run(overrides_argv(overrides)))
+
+
+def main(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print(config_help())
+        return 0
+    summary = train(*compose_run(argv))
+    if summary["error"]:
+        print(f"error: {summary['error']}", file=sys.stderr)
+    return EXIT_CODES[summary["status"]]
+
+
+python_entry_point(__name__)
 
 if __name__ == "__main__":
     run_cli(main)

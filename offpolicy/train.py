@@ -1,5 +1,6 @@
 """Entry point of the off-policy engine: ``python -m offpolicy.train algo=NAME [env=...] [key=value...]`` (the
-algorithms: offpolicy/algos/).
+algorithms: offpolicy/algos/), or from Python ``from offpolicy import train; summary = train(algo="sac", ...)``
+(:func:`from_python`).
 
 Assembles a run and runs it: the parts come from the builder (offpolicy/builder.py), the engine decides where they
 run (offpolicy/engines/), the run's services and stops are offpolicy/run.py, the loop offpolicy/loop.py.
@@ -23,7 +24,7 @@ from offpolicy.loop import train_loop
 from offpolicy.metrics import SharedLogger
 from offpolicy.run import Progress, Run, start_line
 from shared.checkpoint import resumed_seed
-from shared.config import help_text, make_run_dir, run_cli
+from shared.config import help_text, make_run_dir, overrides_argv, python_entry_point, run_cli
 from shared.logging import make_logger
 from shared.plots import plot_curves
 
@@ -70,6 +71,16 @@ def train(cfg: DictConfig, checkpoint: Checkpoint | None = None) -> dict:
     return summary
 
 
+def from_python(**overrides) -> dict:
+    """``offpolicy.train(algo="sac", env="Pendulum-v1", **overrides)``: a run from Python. The keyword arguments are
+    the command line's keys and aliases (a dict sets the keys under its key, ``optim={"lr": 1e-3}``; or
+    ``**{"optim.lr": 1e-3}``), checked as on the command line: a bad key or value raises ConfigError with the CLI's
+    ``error:`` line as its message. Returns the summary (also written to ``summary.json``); its ``status`` says how
+    the run ended (completed, interrupted, failed, invariant_broken), where the CLI exits with a code."""
+    cfg, checkpoint = compose_config(overrides_argv(overrides))
+    return train(cfg, checkpoint)
+
+
 def main(argv: list[str]) -> int:
     """CLI: compose the config, train, print where the results are; exit 3 on a broken invariant, 4 when a Ray actor
     or the background collector fails, 130 on Ctrl-C."""
@@ -91,6 +102,8 @@ def main(argv: list[str]) -> int:
         return EXIT_INTERRUPTED
     return 0
 
+
+python_entry_point(__name__)
 
 if __name__ == "__main__":
     run_cli(main)

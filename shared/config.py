@@ -12,12 +12,14 @@ into ``error: ...`` on stderr and exit code 2, without a traceback.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -94,6 +96,54 @@ def parse_overrides(argv: Iterable[str], aliases: dict[str, str] | None = None) 
             raise ConfigError(f"argument {arg!r} is not of the form key=value (run with --help for the keys)")
         overrides[aliases.get(key, key)] = value
     return overrides
+
+
+def overrides_argv(overrides: Mapping[str, Any]) -> list[str]:
+    """Python keyword overrides as the command line's ``key=value`` words, so that they are parsed and checked exactly
+    as the CLI's: a dict sets the keys under its key (``optim={"lr": 1e-3}`` is ``optim.lr=0.001``); a string is
+    written as it is when the CLI reads it back as the same string, else quoted (``"true"`` stays a string); a path
+    is its string; other values are written as JSON, which the YAML parser reads back (``[64, 64]``, ``null``,
+    ``false``). A value of another type is a ConfigError."""
+    words = []
+    for key, value in overrides.items():
+        if isinstance(value, Mapping):
+            words += overrides_argv({f"{key}.{k}": v for k, v in value.items()})
+            continue
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, str) and _reads_back(key, value):
+            words.append(f"{key}={value}")
+            continue
+        try:
+            words.append(f"{key}={json.dumps(value)}")
+        except TypeError:
+            raise ConfigError(f"{key}={value!r} has the wrong type; allowed: a number, string, bool, None, list, "
+                              "dict or path") from None
+    return words
+
+
+def _reads_back(key: str, word: str) -> bool:
+    try:
+        return _parse_value(key, word) == word
+    except ConfigError:
+        return False
+
+
+class _EntryModule(types.ModuleType):
+    """An entry module that can be called: ``module(**overrides)`` is ``module.from_python(**overrides)``."""
+
+    def __call__(self, **overrides):
+        return self.from_python(**overrides)
+
+
+def python_entry_point(module_name: str) -> None:
+    """Make the entry module ``module_name`` (``offpolicy.train``, ``a3c.train``) callable as its ``from_python``, so
+    that ``from offpolicy import train; train(algo="sac")`` runs. The module itself, not a function of the same name
+    in the package: Python sets the package's attribute ``train`` to the submodule whenever ``offpolicy.train`` is
+    imported (by ``python -m offpolicy.train``'s own imports, a test, another module), replacing a function put
+    there, so which object ``from offpolicy import train`` gives would depend on the import order; a callable
+    module is the same object either way."""
+    sys.modules[module_name].__class__ = _EntryModule
 
 
 def _parse_value(key: str, raw: str) -> Any:

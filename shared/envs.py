@@ -1,5 +1,6 @@
-"""The torchrl env of any name both engines take: a Gymnasium/MuJoCo id (``GymEnv``), a dm_control suite task
-(``dmc:<domain>-<task>``, shared/dmc.py) or an ALE game (the shared Atari stack, shared/atari.py); state vectors
+"""The torchrl env of any name both engines take: a Gymnasium/MuJoCo id (``GymEnv``), an env of the user's own package
+(``module:EnvId``, Gymnasium's form), a dm_control suite task (``dmc:<domain>-<task>``, shared/dmc.py) or an ALE game
+(the shared Atari stack, shared/atari.py); state vectors
 (float32 ``"observation"``) or, with ``from_pixels=True``, camera images (uint8 ``"observation"`` ``[3, H, W]``,
 rendered at ``image_size`` directly, shadows and reflections off, shared/rendering.py).
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 
 from shared.atari import GAME_KEYS, AtariSettings, is_atari, make_atari_vector_env
 from shared.config import ConfigError
@@ -14,17 +16,60 @@ from shared.dmc import dmc_base, dmc_task, is_dmc
 from shared.rendering import current_gl_context_wrapper, fast_render, headless_gl
 
 
+def import_own_env(name: str) -> str:
+    """The Gymnasium id of ``name``: for an own env, ``module:EnvId`` (Gymnasium's form, e.g.
+    ``my_pkg.envs:MyEnv-v0``), ``module`` is imported first, which registers its ids; other names are ids already.
+    Every process that makes the env goes through here (or through ``gymnasium.make``, which imports the same way),
+    so training, evaluation, a resumed run, env worker processes and Ray collector actors all import the module from
+    the name alone. A module that cannot be imported is a ConfigError."""
+    if is_dmc(name) or ":" not in name:
+        return name
+    module, *env_id = name.split(":")
+    if not module or len(env_id) != 1 or not env_id[0]:
+        raise ConfigError(f"env.name={name!r} is not allowed; allowed: module:EnvId (one colon, e.g. "
+                          "my_pkg.envs:MyEnv-v0), a Gymnasium id, an ALE game or dmc:<domain>-<task>")
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:  # the module, or a package it needs, is missing
+        raise ConfigError(f"env.name={name!r}: module {module!r} cannot be imported ({exc}); allowed: a module on "
+                          "PYTHONPATH (or installed) that registers the id with gymnasium.register") from None
+    return env_id[0]
+
+
+def _ids_of(module: str) -> list[str]:
+    """The registered Gymnasium ids whose entry point lives in ``module``'s top-level package."""
+    import gymnasium
+
+    package = module.split(".")[0]
+    ids = []
+    for env_id, spec in gymnasium.registry.items():
+        entry = spec.entry_point
+        where = entry if isinstance(entry, str) else getattr(entry, "__module__", "") or ""
+        if where.split(".")[0].split(":")[0] == package:
+            ids.append(env_id)
+    return sorted(ids)
+
+
 def check_gym_name(name: str) -> None:
-    """Raise ConfigError unless ``name`` is a registered Gymnasium id (MuJoCo ids included) or a dm_control task."""
+    """Raise ConfigError unless ``name`` is a registered Gymnasium id (MuJoCo ids included), an own env's
+    ``module:EnvId`` whose module registers ``EnvId``, or a dm_control task."""
+    import gymnasium
+
     if is_dmc(name):
         dmc_task(name)
         return
-    import gymnasium
-
     examples = "CartPole-v1, Pendulum-v1, HalfCheetah-v5, Hopper-v5, Humanoid-v5, Pong, dmc:cheetah-run"
-    if name not in gymnasium.registry:  # read now: ids registered after an earlier check count too
+    env_id = import_own_env(name)
+    if env_id not in gymnasium.registry:  # read now: the import above may just have added ids
+        if env_id != name:
+            module = name.split(":")[0]
+            registered = _ids_of(module)
+            raise ConfigError(f"env.name={name!r}: module {module!r} registers no Gymnasium id {env_id!r}; allowed: "
+                              + (f"an id it registers ({', '.join(registered)})" if registered else
+                                 "an id it registers with gymnasium.register (it registers none)"))
         raise ConfigError(f"env.name={name!r} is not a Gymnasium id or an ALE game; allowed: e.g. {examples} "
-                          "(a dm_control task is dmc:<domain>-<task>)")
+                          "(a dm_control task is dmc:<domain>-<task>; an env of your own package is "
+                          "module:EnvId)")
     from gymnasium.spaces import Box
 
     space = _observation_space(name)
@@ -91,8 +136,8 @@ def _gym_base(name: str, *, render: bool, from_pixels: bool, image_size: int):
 
 def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = False,
              atari: AtariSettings | None = None, train: bool = True, from_pixels: bool = False, image_size: int = 64):
-    """A torchrl env for a Gymnasium/MuJoCo id, a dm_control task or an ALE game, with the episode return in
-    ``("next", "episode_reward")``.
+    """A torchrl env for a Gymnasium/MuJoCo id, an own env (``module:EnvId``, its module imported first), a
+    dm_control task or an ALE game, with the episode return in ``("next", "episode_reward")``.
 
     Observations are under ``"observation"``: float32 vectors for state-based Gymnasium/dm_control envs (dm_control's
     observation dict is concatenated, keys in sorted order); uint8 ``[3, image_size, image_size]`` camera images with
