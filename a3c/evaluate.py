@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from a3c.process import process_setup
 from a3c.rollout import reset_where
@@ -28,6 +28,17 @@ def build_model(cfg, num_actions: int) -> AtariActorCritic:
     settings = AtariSettings.from_config(cfg.env)
     return AtariActorCritic(num_actions, settings.channels, settings.image_size, cfg.model.arch,
                             recurrent=cfg.model.recurrent, lstm_size=cfg.model.lstm_size)
+
+
+def read_model(path: str | Path) -> tuple[DictConfig, AtariActorCritic, dict]:
+    """A checkpoint of ``a3c.train`` given as ``checkpoint=path``: its config, its model with the saved weights, and
+    its counters. Anything wrong with the file is one ConfigError naming ``checkpoint``."""
+    ckpt = load_checkpoint(path, key="checkpoint", required=("model", "config", "num_actions", "counters"),
+                           written_by="a3c.train")
+    cfg = OmegaConf.create(ckpt["config"])
+    model = build_model(cfg, ckpt["num_actions"])
+    model.load_state_dict(ckpt["model"])
+    return cfg, model, ckpt["counters"]
 
 
 def eval_settings(cfg, max_episode_frames: int) -> AtariSettings:
@@ -115,17 +126,13 @@ def main(argv: list[str]) -> int:
     args = evaluate_cli_args(CONFIG_ROOT / "a3c", _USAGE, _RULES, argv, written_by="a3c.train")
     if args is None:
         return 0
-    ckpt = load_checkpoint(args.checkpoint, key="checkpoint", required=("model", "config", "num_actions", "counters"),
-                           written_by="a3c.train")
+    cfg, model, counters = read_model(args.checkpoint)
     out_dir = evaluation_dir(args)
-    cfg = OmegaConf.create(ckpt["config"])
-    model = build_model(cfg, ckpt["num_actions"])
-    model.load_state_dict(ckpt["model"])
-    video = out_dir / "videos" / f"evaluate_{ckpt['counters']['frames']}.mp4" if args.video else None
+    video = out_dir / "videos" / f"evaluate_{counters['frames']}.mp4" if args.video else None
     torch.set_num_threads(1)
     scores = greedy_episodes(model, eval_settings(cfg, args.max_episode_frames), args.episodes, args.seed,
                              video_path=video)
-    result = {**return_stats(scores), "scores": scores, "frames_trained": ckpt["counters"]["frames"],
+    result = {**return_stats(scores), "scores": scores, "frames_trained": counters["frames"],
               "env": cfg.env.name, "checkpoint": str(args.checkpoint), "video": str(video) if video else None}
     write_evaluation(out_dir, result, f"greedy episodes ({cfg.env.name}, {result['frames_trained']} frames trained)")
     return 0
