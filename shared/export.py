@@ -24,7 +24,7 @@ LOAD = {  # how the spec tells a user to run the file
     "torchscript": "torch.jit.load(file)(*inputs) -> outputs (torch tensors)",
     "onnx": "onnxruntime.InferenceSession(file).run(None, {name: array, ...}) -> [outputs] (numpy arrays)",
 }
-EXAMPLE_BATCH = 2  # the traced example's batch (torch.export takes a batch of 1 for a constant)
+EXAMPLE_BATCH = 2  # the traced example's batch (torch.export would fix a batch of 1 as a constant)
 
 
 @dataclass
