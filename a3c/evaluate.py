@@ -30,15 +30,19 @@ def build_model(cfg, num_actions: int) -> AtariActorCritic:
                             recurrent=cfg.model.recurrent, lstm_size=cfg.model.lstm_size)
 
 
-def read_model(path: str | Path) -> tuple[DictConfig, AtariActorCritic, dict]:
-    """A checkpoint of ``a3c.train`` given as ``checkpoint=path``: its config, its model with the saved weights, and
-    its counters. Anything wrong with the file is one ConfigError naming ``checkpoint``."""
-    ckpt = load_checkpoint(path, key="checkpoint", required=("model", "config", "num_actions", "counters"),
+def read_checkpoint(path: str | Path) -> dict:
+    """A checkpoint of ``a3c.train`` given as ``checkpoint=path``; anything wrong with the file is one ConfigError
+    naming ``checkpoint``."""
+    return load_checkpoint(path, key="checkpoint", required=("model", "config", "num_actions", "counters"),
                            written_by="a3c.train")
+
+
+def checkpoint_model(ckpt: dict) -> tuple[DictConfig, AtariActorCritic]:
+    """A checkpoint's config, and its model with the saved weights."""
     cfg = OmegaConf.create(ckpt["config"])
     model = build_model(cfg, ckpt["num_actions"])
     model.load_state_dict(ckpt["model"])
-    return cfg, model, ckpt["counters"]
+    return cfg, model
 
 
 def eval_settings(cfg, max_episode_frames: int) -> AtariSettings:
@@ -126,13 +130,14 @@ def main(argv: list[str]) -> int:
     args = evaluate_cli_args(CONFIG_ROOT / "a3c", _USAGE, _RULES, argv, written_by="a3c.train")
     if args is None:
         return 0
-    cfg, model, counters = read_model(args.checkpoint)
+    ckpt = read_checkpoint(args.checkpoint)
     out_dir = evaluation_dir(args)
-    video = out_dir / "videos" / f"evaluate_{counters['frames']}.mp4" if args.video else None
+    cfg, model = checkpoint_model(ckpt)
+    video = out_dir / "videos" / f"evaluate_{ckpt['counters']['frames']}.mp4" if args.video else None
     torch.set_num_threads(1)
     scores = greedy_episodes(model, eval_settings(cfg, args.max_episode_frames), args.episodes, args.seed,
                              video_path=video)
-    result = {**return_stats(scores), "scores": scores, "frames_trained": counters["frames"],
+    result = {**return_stats(scores), "scores": scores, "frames_trained": ckpt["counters"]["frames"],
               "env": cfg.env.name, "checkpoint": str(args.checkpoint), "video": str(video) if video else None}
     write_evaluation(out_dir, result, f"greedy episodes ({cfg.env.name}, {result['frames_trained']} frames trained)")
     return 0

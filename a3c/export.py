@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from a3c.evaluate import read_model
+from a3c.evaluate import checkpoint_model, read_checkpoint
 from shared.atari import AtariSettings
 from shared.config import CONFIG_ROOT, run_cli
 from shared.evaluation import evaluate_cli_args
@@ -70,13 +70,14 @@ def main(argv: list[str]) -> int:
     if args is None:
         return 0
     check_format_installed(args.format)
-    cfg, model, counters = read_model(args.checkpoint)
+    ckpt = read_checkpoint(args.checkpoint)
     path, spec_path = output_paths(args)
+    cfg, model = checkpoint_model(ckpt)
     inputs, outputs = ports(cfg, model)
     policy = RecurrentGreedyAction(model) if model.recurrent else GreedyAction(model)
     about = {"policy": f"A3C on {cfg.env.name}", "produced_by": "a3c.export", "env": cfg.env.name,
              "model": {"arch": cfg.model.arch, "recurrent": cfg.model.recurrent}, "checkpoint": str(args.checkpoint),
-             "frames_trained": counters["frames"]}
+             "frames_trained": ckpt["counters"]["frames"]}
     export_policy(policy, inputs, outputs, args.format, path, spec_path, about)
     return 0
 
