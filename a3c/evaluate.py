@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from a3c.process import process_setup
 from a3c.rollout import reset_where
@@ -28,6 +28,21 @@ def build_model(cfg, num_actions: int) -> AtariActorCritic:
     settings = AtariSettings.from_config(cfg.env)
     return AtariActorCritic(num_actions, settings.channels, settings.image_size, cfg.model.arch,
                             recurrent=cfg.model.recurrent, lstm_size=cfg.model.lstm_size)
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """A checkpoint of ``a3c.train`` given as ``checkpoint=path``; anything wrong with the file is one ConfigError
+    naming ``checkpoint``."""
+    return load_checkpoint(path, key="checkpoint", required=("model", "config", "num_actions", "counters"),
+                           written_by="a3c.train")
+
+
+def checkpoint_model(ckpt: dict) -> tuple[DictConfig, AtariActorCritic]:
+    """A checkpoint's config, and its model with the saved weights."""
+    cfg = OmegaConf.create(ckpt["config"])
+    model = build_model(cfg, ckpt["num_actions"])
+    model.load_state_dict(ckpt["model"])
+    return cfg, model
 
 
 def eval_settings(cfg, max_episode_frames: int) -> AtariSettings:
@@ -115,12 +130,9 @@ def main(argv: list[str]) -> int:
     args = evaluate_cli_args(CONFIG_ROOT / "a3c", _USAGE, _RULES, argv, written_by="a3c.train")
     if args is None:
         return 0
-    ckpt = load_checkpoint(args.checkpoint, key="checkpoint", required=("model", "config", "num_actions", "counters"),
-                           written_by="a3c.train")
+    ckpt = read_checkpoint(args.checkpoint)
     out_dir = evaluation_dir(args)
-    cfg = OmegaConf.create(ckpt["config"])
-    model = build_model(cfg, ckpt["num_actions"])
-    model.load_state_dict(ckpt["model"])
+    cfg, model = checkpoint_model(ckpt)
     video = out_dir / "videos" / f"evaluate_{ckpt['counters']['frames']}.mp4" if args.video else None
     torch.set_num_threads(1)
     scores = greedy_episodes(model, eval_settings(cfg, args.max_episode_frames), args.episodes, args.seed,

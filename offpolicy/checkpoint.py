@@ -69,6 +69,16 @@ class Checkpoint:
         }
         return save_checkpoint(path, state)
 
+    def eval_policy(self, specs):
+        """The run's deterministic evaluation policy (the loss's actor, the greedy Q network for DQN) with the
+        checkpoint's weights, for an env with ``specs`` (its evaluation env); observations as that env gives them
+        (with ``env.obs_norm``: standardised by :attr:`obs_norm`)."""
+        from offpolicy.builder import Builder
+
+        parts = Builder(OmegaConf.create(self.config)).parts(specs)
+        parts.loss.load_state_dict(self.state["learner"]["loss"])
+        return parts.eval_policy
+
     def check_resumable(self, cfg: DictConfig) -> None:
         """``cfg`` (the resume's) keeps the networks' shapes and, with a saved replay, its layout; a memmap replay finds
         its files (or the run resumes without it: ``replay.storage=memory``, refilled by the prefill)."""

@@ -14,7 +14,7 @@ def eval_max_steps(cfg: DictConfig) -> int:
     """Agent steps an evaluation episode may take: Atari plays whole games (to game over, or ALE's cap of
     ``max_episode_frames`` emulator frames, which ends the game itself); other envs ``eval.max_episode_steps``."""
     if is_atari(cfg.env.name):
-        settings = _atari_settings(cfg.env)
+        settings = atari_settings(cfg.env)
         return settings.max_episode_frames // settings.frame_skip + 1
     return cfg.eval.max_episode_steps
 
@@ -37,7 +37,7 @@ def eval_seed(seed: int) -> int:
 EVAL_STREAM = 1  # SeedSequence key of the evaluation stream
 
 
-def _atari_settings(env: DictConfig) -> AtariSettings:
+def atari_settings(env: DictConfig) -> AtariSettings:
     """The ``env`` section's ALE settings (used only when ``env.name`` is an ALE game)."""
     return AtariSettings.from_config({"name": env.name, **env.atari})
 
@@ -64,7 +64,7 @@ def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: in
         base = TransformedEnv(make_batched_env(cfg.env.backend, cfg.env.name, n, seed),
                               Compose(DoubleToFloat(), RewardSum()))  # as make_env does for Gymnasium ids
     elif is_atari(cfg.env.name) or n == 1:  # AtariVectorEnv batches its games itself
-        base = make_env(cfg.env.name, seed=seed, num_envs=n, atari=_atari_settings(cfg.env), train=True,
+        base = make_env(cfg.env.name, seed=seed, num_envs=n, atari=atari_settings(cfg.env), train=True,
                         **_pixels(cfg.env))
     else:
         batched = ParallelEnv if cfg.env.vector == "process" else SerialEnv
@@ -94,7 +94,7 @@ def obs_norm_state(env) -> dict | None:
 def make_eval_env(cfg: DictConfig, *, render: bool = False, obs_norm: dict | None = None):
     """The evaluation env: one copy, seeded apart from training; Atari plays whole games with raw scores.
     ``obs_norm`` (from :func:`obs_norm_state`) standardises observations as in training."""
-    env = make_env(cfg.env.name, seed=eval_seed(cfg.seed), num_envs=1, render=render, atari=_atari_settings(cfg.env),
+    env = make_env(cfg.env.name, seed=eval_seed(cfg.seed), num_envs=1, render=render, atari=atari_settings(cfg.env),
                    train=False, **_pixels(cfg.env))
     if obs_norm is not None:
         env.append_transform(_obs_norm(obs_norm))

@@ -157,12 +157,9 @@ def main(argv: list[str]) -> int:
         if not is_atari(cfg.env.name) and not cfg.env.name.startswith("dmc:"):
             check_renders(cfg.env.name)  # one error line, before any episode
     torch.set_num_threads(cfg.threads)
-    builder = Builder(cfg)
-    env = builder.eval_env(render=args.video, obs_norm=checkpoint.obs_norm)
+    env = Builder(cfg).eval_env(render=args.video, obs_norm=checkpoint.obs_norm)
     try:
-        parts = builder.parts(env)
-        parts.loss.load_state_dict(checkpoint.state["learner"]["loss"])  # the eval policy is the loss's actor
-        returns, lengths, frames = play_episodes(env, parts.eval_policy, args.episodes, eval_max_steps(cfg),
+        returns, lengths, frames = play_episodes(env, checkpoint.eval_policy(env), args.episodes, eval_max_steps(cfg),
                                                  render=args.video)
     finally:
         env.close()

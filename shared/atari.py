@@ -92,6 +92,17 @@ class AtariSettings:
     def channels(self) -> int:
         return self.frame_stack * (1 if self.grayscale else 3)
 
+    def describe_frames(self) -> str:
+        """What the agent observes, in words (an exported policy's spec): the frames, their layout and the settings of
+        ale_py's ``AtariVectorEnv`` that make them (:func:`make_atari_vector_env`)."""
+        frames = "grey frames" if self.grayscale else "RGB frames (R, G, B channels per frame)"
+        return (f"uint8 0-255 (scaled by 1/255 inside): the last {self.frame_stack} {self.image_size}x{self.image_size} "
+                f"{frames} of {self.name} stacked along the channels, oldest first, as ale_py.vector_env."
+                f"AtariVectorEnv gives them with frameskip={self.frame_skip} (max-pooled over the last two frames), "
+                f"stack_num={self.frame_stack}, img_height=img_width={self.image_size}, grayscale={self.grayscale}, "
+                f"noop_max={self.noop_max}, repeat_action_probability={self.sticky_actions}; the evaluation also "
+                f"presses FIRE on the step after a lost life in games that have it (fire_reset={self.fire_reset})")
+
 
 @functools.lru_cache(maxsize=None)
 def fire_action(rom: str) -> int | None:

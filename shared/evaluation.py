@@ -30,15 +30,17 @@ def write_video(path: str | Path, frames: Sequence[np.ndarray], fps: int = 30) -
     return path
 
 
-def evaluate_cli_args(config_dir: Path, usage: str, rules: dict, argv: list[str], written_by: str):
-    """The arguments of an ``evaluate`` CLI: ``config_dir/evaluate.yaml`` with ``key=value`` overrides (``checkpoint``
-    required); ``None`` after printing the reference for ``--help``. Bad input is a ConfigError (one line, exit 2)."""
+def evaluate_cli_args(config_dir: Path, usage: str, rules: dict, argv: list[str], written_by: str,
+                      defaults: str = "evaluate.yaml"):
+    """The arguments of an ``evaluate`` (or ``export``: ``defaults="export.yaml"``) CLI: ``config_dir/<defaults>``
+    with ``key=value`` overrides (``checkpoint`` required); ``None`` after printing the reference for ``--help``. Bad
+    input is a ConfigError (one line, exit 2)."""
     from shared.config import ConfigError, compose, help_text, parse_overrides
 
     if {"-h", "--help"} & set(argv):
-        print(help_text(config_dir, usage, {}, defaults="evaluate.yaml"))
+        print(help_text(config_dir, usage, {}, defaults=defaults))
         return None
-    args = compose(config_dir, parse_overrides(argv), rules=rules, defaults="evaluate.yaml")
+    args = compose(config_dir, parse_overrides(argv), rules=rules, defaults=defaults)
     if not args.checkpoint:
         raise ConfigError(f"checkpoint is required; allowed: the path of a checkpoint written by {written_by}")
     return args

@@ -1,6 +1,9 @@
 """The README: its config reference names every key of every config file, so it cannot silently fall behind, and the
-examples of its "Your own env" and "From Python" sections run as they are written."""
+examples of its "Your own env", "From Python" and "Export a policy" sections run as they are written."""
+import importlib
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ def _leaf_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name in ("config.yaml", "evaluate.yaml")],
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name in ("config.yaml", "evaluate.yaml", "export.yaml")],
                          ids=lambda p: str(p.relative_to(REPO)))
 def test_readme_documents_every_key(path):
     readme = (REPO / "README.md").read_text()
@@ -32,21 +35,14 @@ def test_readme_test_command_is_the_one_ci_runs():
 
 
 def readme_blocks(section: str) -> list[tuple[str, str]]:
-    """The fenced code blocks ``(language, text)`` of the README section headed ``section``, in order."""
-    blocks, fence, lines, inside = [], None, [], False
-    for line in (REPO / "README.md").read_text().splitlines():
-        if line.startswith("```"):
-            if fence is None:
-                fence, lines = line[3:].strip(), []
-            else:
-                if inside:
-                    blocks.append((fence, "\n".join(lines)))
-                fence = None
-        elif fence is not None:
-            lines.append(line)
-        elif line.startswith("#"):
-            inside = line.lstrip("#").strip() == section
-    return blocks
+    """The fenced code blocks ``(language, code)`` of the README section headed ``section`` (up to the next heading of
+    the same or a higher level)."""
+    readme = (REPO / "README.md").read_text()
+    start = re.search(rf"^(#+) {re.escape(section)}$", readme, re.M)
+    assert start, f"README.md has no section {section!r}"
+    end = re.compile(rf"^#{{1,{len(start.group(1))}}} ", re.M).search(readme, start.end())
+    text = readme[start.end():end.start() if end else None]
+    return re.findall(r"^```(\w+)\n(.*?)^```$", text, re.M | re.S)
 
 
 @pytest.fixture
@@ -67,7 +63,6 @@ def test_readme_own_env_example_runs(tmp_path, monkeypatch, capsys, forget_my_en
     """"Your own env": its module, written where the commands start, is trained on and evaluated (two new processes,
     which import it from the current directory by the name alone), and its error lines are the ones printed."""
     import os
-    import re
     import subprocess
     import sys
 
@@ -116,3 +111,22 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
         assert summary["eval_return_last"] == ast.literal_eval(eval_return)
     assert namespace["summary"] == json.loads((tmp_path / "runs" / "sac-lr0.0003" / "summary.json").read_text())
     assert printed[-1].startswith("error: unknown key 'optim.lrr'; did you mean optim.lr")
+
+
+
+def test_the_export_section_s_examples_run(tmp_path, monkeypatch):
+    """Every command of the section runs (in-process, from an empty directory: ``python -m module args`` is the
+    module's ``main(args)``) and exits 0, then every Python block runs."""
+    pytest.importorskip("onnxruntime")
+    monkeypatch.chdir(tmp_path)
+    blocks = readme_blocks("Export a policy")
+    assert [lang for lang, _ in blocks] == ["bash", "python", "python"]
+    for lang, code in blocks:
+        if lang == "python":
+            exec(compile(code, "README.md", "exec"), {})
+            continue
+        for line in code.splitlines():
+            python, dash_m, module, *args = shlex.split(line, comments=True)
+            assert (python, dash_m) == ("python", "-m"), line
+            assert importlib.import_module(module).main(args) == 0, line
+    assert (tmp_path / "runs" / "sac-pendulum" / "export" / "policy.onnx.json").is_file()

@@ -135,3 +135,64 @@ class DeterministicActor(TensorDictModuleBase):
         observation = tensordict.get(self.in_keys[0])
         tensordict.set("action", self.actor.distribution(observation).deterministic_sample)
         return tensordict
+
+
+class GreedyQ(nn.Module):
+    """DQN's evaluation policy (torchrl's ``QValueActor``) on tensors: the index ``[n]`` (int64) of the largest Q
+    value, where the TensorDict path writes that action one-hot."""
+
+    def __init__(self, qvalue_actor):
+        super().__init__()
+        self.q_network = qvalue_actor.module[0].module
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.q_network(observation).argmax(-1)
+
+
+class SquashedActor(nn.Module):
+    """:func:`~offpolicy.algos.networks.continuous_actor` (TD3's and DDPG's evaluation policy) on tensors: the action
+    ``[n, A]`` in the action bounds."""
+
+    def __init__(self, actor: TensorDictSequential):
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return _squashed(self.actor, observation)
+
+
+class DeterministicTanhNormal(nn.Module):
+    """:class:`DeterministicActor` (SAC's, CrossQ's and REDQ's evaluation policy) on tensors: the action ``[n, A]``.
+    It computes what torchrl 0.14.1's ``TanhNormal.deterministic_sample`` gives for the distribution
+    :meth:`TanhNormalActor.distribution` builds (``safe_tanh``, bounds ``low``/``high``): the tanh of the mean,
+    clamped to +-(1 - float resolution), mapped affinely onto the bounds. Why not that method: its clamped tanh is a
+    Python autograd function, which TorchScript cannot save."""
+
+    def __init__(self, policy: DeterministicActor):
+        super().__init__()
+        params, sampler = policy.actor.module
+        self.network = params.module
+        low, high = sampler.distribution_kwargs["low"], sampler.distribution_kwargs["high"]
+        self.register_buffer("middle", (high + low) / 2)
+        self.register_buffer("half_range", (high - low) / 2)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        loc, _ = self.network(observation)
+        limit = 1.0 - torch.finfo(loc.dtype).resolution
+        return self.middle + self.half_range * loc.tanh().clamp(-limit, limit)
+
+
+def tensor_eval_policy(eval_policy: nn.Module) -> nn.Module:
+    """An algorithm's evaluation policy (:attr:`~offpolicy.algos.base.AlgoParts.eval_policy`) as a module from
+    observation tensors to actions, sharing its networks: what ``offpolicy.export`` writes. A TypeError for a policy
+    of another kind (an algorithm added with one needs its case here)."""
+    from torchrl.modules import QValueActor, TanhModule
+
+    if isinstance(eval_policy, DeterministicActor):
+        return DeterministicTanhNormal(eval_policy)
+    if isinstance(eval_policy, QValueActor):
+        return GreedyQ(eval_policy)
+    if isinstance(eval_policy, TensorDictSequential) and isinstance(eval_policy.module[-1], TanhModule):
+        return SquashedActor(eval_policy)
+    raise TypeError(f"no tensor form of the evaluation policy {type(eval_policy).__name__}; allowed: "
+                    "DeterministicActor, QValueActor or continuous_actor's TensorDictSequential")
