@@ -36,6 +36,7 @@ RULES = {
     "threads": Rule(min=1, integer=True),
     "collector.env_steps_per_batch": Rule(min=1, integer=True),
     "collector.prefill_env_steps": Rule(min=0, integer=True),
+    "collector.overlap_timeout_s": Rule(min=1),
     "model.hidden": Rule(check=_positive_ints("model.hidden")),
     "model.activation": Rule(choices=tuple(ACTIVATIONS)),
     "optim.utd_ratio": Rule(min=1e-9),

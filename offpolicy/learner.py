@@ -10,7 +10,7 @@ With ``compile.enabled`` the loss's forward and backward run under ``torch.compi
 object, so one cache of graphs) per kind of step (TD3: critic only, or critic + actor), by default guarded on its
 tensors and global switches only (``compile.skip_guards``), and with ``compile.cudagraphs`` the whole step (forward, backward,
 clips, optimiser steps, soft target update) is replayed as a CUDA graph (tensordict's ``CudaGraphModule``).
-Recompilations after the warm-up steps are counted (:attr:`Learner.recompiles`).
+Recompilations of the learner's own step functions after the warm-up steps are counted (:attr:`Learner.recompiles`).
 """
 from __future__ import annotations
 
@@ -134,9 +134,10 @@ class Learner:
         if compile.cudagraphs and (device is None or device.type != "cuda" or grad_sync is not None):
             raise ValueError("compile.cudagraphs needs a learner on a CUDA device without gradient averaging")
         self._step_fns: dict[tuple, Callable] = {}
+        self._compiled_fns: list[Callable] = []  # the step functions torch.compile compiles (their own code objects)
         self.warmup_steps = 2 * lcm(*(g.every for g in groups))
         self._steps_here = 0  # steps run by this object (a resumed learner warms up again)
-        self._graphs_after_warmup: int | None = None
+        self._compilations_after_warmup: int | None = None
         # values not computed on a step (TD3's actor loss between actor updates) repeat their latest one
         self._latest: dict[str, torch.Tensor] = {}
         if target_updater is not None:
@@ -257,7 +258,9 @@ class Learner:
             # now 1 and ~0.08 ms)
             kind = "_".join(["forward", *(g.name for g in groups), *(["soft_targets"] if soft_targets else [])])
             options = {"guard_filter_fn": tensor_and_global_guards} if self.compile.skip_guards else None
-            forward = torch.compile(_own_code(forward, kind), mode=self.compile.mode, options=options)
+            forward = _own_code(forward, kind)
+            self._compiled_fns.append(forward)
+            forward = torch.compile(forward, mode=self.compile.mode, options=options)
 
         def step(sample: TensorDictBase) -> dict[str, torch.Tensor]:
             total, losses = forward(sample)
@@ -276,15 +279,19 @@ class Learner:
     def _count_graphs(self) -> None:
         self._steps_here += 1
         if self.compile.enabled and self._steps_here == self.warmup_steps:
-            self._graphs_after_warmup = compat.compiled_graphs()
+            self._compilations_after_warmup = self._compilations()
+
+    def _compilations(self) -> int:
+        return sum(compat.compilations_of(fn) for fn in self._compiled_fns)
 
     @property
     def recompiles(self) -> int | None:
-        """Graphs torch.compile built after the warm-up steps (0 when every step reuses its compiled graphs); None
-        when the step is not compiled or still warming up."""
-        if self._graphs_after_warmup is None:
+        """Compilations of this learner's step functions after the warm-up steps (0 when every step reuses its
+        compiled graphs; other compiled functions of the process do not count); None when the step is not compiled
+        or still warming up."""
+        if self._compilations_after_warmup is None:
             return None
-        return compat.compiled_graphs() - self._graphs_after_warmup
+        return self._compilations() - self._compilations_after_warmup
 
     # --- checkpoints -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

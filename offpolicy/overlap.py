@@ -9,6 +9,9 @@ The hand-over is the same whatever the two processes' speeds, so a run stays rep
 the batch in flight, then copies the live collection policy (weights and exploration state) into a shared-memory
 slot and orders the next batch with its version; the child copies the slot into its own policy before that batch,
 and this process writes the slot again only once that batch is back.
+
+A child that dies is noticed within a second; one that lives but sends nothing (a hung env, a deadlock) is stopped once
+its batch is ``collector.overlap_timeout_s`` late. Either ends the run with :class:`CollectorLost`.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import copy
 import multiprocessing
 import queue
 import signal
+import time
 import traceback
 
 import torch
@@ -27,7 +31,7 @@ POLL_S = 1.0  # how often a wait for a batch checks that the child is alive
 
 
 class CollectorLost(RuntimeError):
-    """The background collector process died or failed."""
+    """The background collector process died, failed, or was stopped for sending nothing."""
 
 
 def _collect(cfg: dict, policy, slot: TensorDict, seed: int, obs_norm: dict | None, orders, batches) -> None:
@@ -66,7 +70,9 @@ class BackgroundCollector:
     """The local engine's lean collector in a child process, one batch ahead; offers what the engine uses of a
     collector: iteration, ``update_policy_weights_()`` (one version more), ``policy_version``,
     ``policy_version_tracker.version`` (set on resume) and ``shutdown()``. ``seed`` seeds the env copies as the lean
-    collector in this process would, and the child's torch draws; ``obs_norm``: the run's observation statistics."""
+    collector in this process would, and the child's torch draws; ``obs_norm``: the run's observation statistics.
+    A batch not back ``timeout_s`` (``collector.overlap_timeout_s``) after its order (the first: the child's start
+    included) stops the child."""
 
     def __init__(self, cfg: DictConfig, policy, seed: int, obs_norm: dict | None):
         ctx = mp.get_context("spawn")
@@ -79,6 +85,8 @@ class BackgroundCollector:
                                    args=(OmegaConf.to_container(cfg, resolve=True), copy.deepcopy(policy), self.slot,
                                          seed, obs_norm, self.orders, self.batches))
         self.process.start()
+        self.timeout_s = float(cfg.collector.overlap_timeout_s)
+        self.ordered_at = time.monotonic()  # when the batch in flight was ordered
         self.version = 0
         self.in_flight = False  # the first batch is ordered by the first __next__, after a resume has set weights
         self.policy_version_tracker = self
@@ -97,12 +105,16 @@ class BackgroundCollector:
     def _order(self) -> None:
         self.slot.update_(TensorDict.from_module(self.policy).data)
         self.orders.put(self.version)
+        self.ordered_at = time.monotonic()
         self.in_flight = True
 
     def _receive(self) -> TensorDict:
         while True:
+            silent = time.monotonic() - self.ordered_at
+            if silent >= self.timeout_s:
+                raise self._stop_silent(silent) if self.process.is_alive() else self._died()
             try:
-                item = self.batches.get(timeout=POLL_S)
+                item = self.batches.get(timeout=min(POLL_S, self.timeout_s - silent))
             except queue.Empty:
                 if not self.process.is_alive():
                     raise self._died() from None
@@ -119,6 +131,15 @@ class BackgroundCollector:
 
     def _died(self) -> CollectorLost:
         return CollectorLost(f"the background collector process died (exit code {self.process.exitcode})")
+
+    def _stop_silent(self, silent: float) -> CollectorLost:
+        """Ends a child that lives but sends nothing (a hung env, a deadlock; waiting on would hang the run),
+        without waiting for it: nothing it holds is needed."""
+        self.process.kill()
+        self.process.join()
+        return CollectorLost(f"the background collector process ({self.process.name}, pid {self.process.pid}) sent "
+                             f"no batch for {silent:.1f} s after its order (collector.overlap_timeout_s="
+                             f"{self.timeout_s:g}); stopped it")
 
     @property
     def policy_version(self) -> int:

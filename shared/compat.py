@@ -6,6 +6,7 @@ Checked on torch 2.13.0, torchrl 0.14.1, tensordict 0.14.3, ray 2.60.0, gymnasiu
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -100,13 +101,27 @@ def pseudo_vmap_without_pytree_edits() -> None:
     utils._pseudo_vmap = pseudo_vmap
 
 
-def compiled_graphs() -> int:
-    """Graphs torch.compile has built in this process so far: torch 2.13's dynamo counter
-    ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` (no public counter exists). One more after a compiled
-    function's warm-up means it recompiled (or broke into a new graph)."""
-    from torch._dynamo.utils import counters
+def compilations_of(fn) -> int:
+    """How many times torch.compile has compiled ``fn``'s own frame so far: the number of dynamo cache entries on its
+    code object (torch 2.13's ``torch._dynamo.eval_frame._debug_get_cache_entry_list``; no public API counts them,
+    and the public-looking process-wide counter ``counters["stats"]["unique_graphs"]`` also moves with every other
+    compiled function and with each graph break). A compilation adds one entry, whatever graph breaks split it into
+    (their resume functions have code objects of their own); so one more after a warm-up is one recompilation of
+    ``fn``. Up to dynamo's ``recompile_limit`` entries (8), after which it runs ``fn`` eagerly."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    return int(counters["stats"]["unique_graphs"])
+    return len(_debug_get_cache_entry_list(fn.__code__))
+
+
+@contextlib.contextmanager
+def compiled_random_as_eager():
+    """Inside: what torch.compile compiles draws its random numbers as eager torch does (torch 2.13's inductor
+    ``config.fallback_random``, private module), so a compiled step and its eager twin seeded alike draw the same
+    noise. Inductor's own random kernels (the default) draw other numbers; for tests that compare the two."""
+    from torch._inductor import config
+
+    with config.patch(fallback_random=True):
+        yield
 
 
 # --- torchrl: TD3's actor loss ---------------------------------------------------------------------------------------

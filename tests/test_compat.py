@@ -178,13 +178,41 @@ def test_pseudo_vmap_without_pytree_edits_gives_torchrl_s_losses(algo, monkeypat
         assert torch.equal(losses[0][key], losses[1][key]), key
 
 
-def test_compiled_graphs_counts_new_graphs():
-    before = compat.compiled_graphs()
-    f = torch.compile(lambda x: x * 2 + 1)
-    f(torch.ones(3))
-    assert compat.compiled_graphs() == before + 1
-    f(torch.ones(3))
-    assert compat.compiled_graphs() == before + 1  # the same graph reused
+def test_compilations_of_counts_one_function_s_compilations():
+    """One per compilation of that function: none for reuse or for another compiled function, one for a new input
+    shape (after which the graph takes any size), one for a compilation that a graph break splits in two."""
+    def double(x):
+        return x * 2 + 1
+
+    def broken(x):
+        x = x * 2
+        print("a graph break")  # noqa: T201 - the graph break under test
+        return x + 1
+
+    compiled_double, compiled_broken = torch.compile(double), torch.compile(broken)
+    assert compat.compilations_of(double) == 0
+    compiled_double(torch.ones(3))
+    compiled_double(torch.ones(3))
+    torch.compile(lambda x: x.sin())(torch.ones(3))
+    assert compat.compilations_of(double) == 1
+    compiled_double(torch.ones(5))
+    compiled_double(torch.ones(7))
+    assert compat.compilations_of(double) == 2
+    compiled_broken(torch.ones(3))
+    assert compat.compilations_of(broken) == 1
+
+
+def test_compiled_random_as_eager_draws_eager_torch_s_numbers():
+    def noisy(x):
+        return x + torch.randn(x.shape)
+
+    x = torch.zeros(8)
+    torch.manual_seed(3)
+    eager = noisy(x)
+    with compat.compiled_random_as_eager():
+        torch.manual_seed(3)
+        compiled = torch.compile(noisy)(x)
+    assert torch.equal(compiled, eager)
 
 
 @pytest.mark.parametrize("prioritized", [False, True])

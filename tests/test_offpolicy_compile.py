@@ -6,7 +6,9 @@ import pytest
 import torch
 from offpolicy_helpers import smoke_parts, summary, train_inprocess
 
+from offpolicy.algos import ALGOS
 from offpolicy.learner import make_learner
+from shared import compat
 
 
 class _Replay:
@@ -25,67 +27,68 @@ def _learner(algo, *overrides, batch_size=32):
     return learner, parts, _Replay(batch)
 
 
-def _all_params(parts):
-    return torch.cat([p.detach().reshape(-1) for p in parts.loss.parameters()] +
-                     [b.detach().reshape(-1) for b in parts.loss.buffers() if b.is_floating_point()])
+def _learned(parts, names=None) -> dict[str, torch.Tensor]:
+    """The loss's parameters and floating-point buffers (target networks, BatchRenorm statistics) by name, those in
+    ``names`` only if given (torchrl's SACLoss registers a constant ``_target_entropy`` buffer on its first eager
+    forward, but not when its forward is compiled)."""
+    tensors = {**dict(parts.loss.named_parameters()),
+               **{k: b for k, b in parts.loss.named_buffers() if b.is_floating_point()}}
+    return {k: v.detach().clone() for k, v in tensors.items() if names is None or k in names}
 
 
-@pytest.mark.parametrize("algo, overrides", [
-    ("dqn", ["optim.max_grad_norm=0.5", "target.mode=hard", "target.hard_every=2"]),
-    ("ddpg", ["optim.critic_max_grad_norm=0.5", "target.tau=0.1"]),
-])
-def test_compiled_step_makes_the_eager_update(algo, overrides):
-    """DQN and DDPG losses draw no random numbers, so eager and compiled learners from the same initial networks on
-    the same batches must end with the same networks, targets and losses (clips, hard and soft targets included)."""
-    eager, eager_parts, replay = _learner(algo, *overrides)
-    compiled, compiled_parts, _ = _learner(algo, *overrides, "compile.enabled=true")
-    assert torch.equal(_all_params(eager_parts), _all_params(compiled_parts))
-    out_eager = eager.update(replay, 5, version=1)
-    out_compiled = compiled.update(replay, 5, version=1)
-    assert not torch.equal(_all_params(eager_parts), _all_params(_learner(algo, *overrides)[1]))  # it learned
-    torch.testing.assert_close(_all_params(compiled_parts), _all_params(eager_parts), rtol=1e-4, atol=1e-5)
-    for key, value in out_eager.items():
-        if key.startswith("loss/"):
-            assert out_compiled[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
-    assert compiled.target_updater.updates == eager.target_updater.updates == 5
-    assert out_compiled["compile/recompiles"] == 0 and "compile/recompiles" not in out_eager
+# settings under which an algorithm's comparison covers more of the step (clipping, hard or soft targets)
+MORE_OF_THE_STEP = {"dqn": ["optim.max_grad_norm=0.5", "target.mode=hard", "target.hard_every=2"],
+                    "ddpg": ["optim.critic_max_grad_norm=0.5", "target.tau=0.1"]}
+# what a compiled learner is compared with: the eager one, except where eager and compiled are known to drift apart.
+# CrossQ: biases feeding a train-mode BatchRenorm get rounding-noise gradients that Adam turns into +-lr steps (~2e-3
+# apart after 20 steps, shared/DESIGN.md "Facts found 2026-12-04"), so it is held to the fully guarded compiled step
+REFERENCE = {"crossq": ["compile.enabled=true", "compile.skip_guards=false"]}
 
 
-def test_recompilation_after_the_warm_up_is_counted():
-    """A batch of another size after the warm-up forces a new graph: the counter must see it."""
+@pytest.mark.parametrize("algo", ALGOS)
+def test_compiled_learner_makes_the_reference_update_without_recompiling(algo):
+    """Every algorithm, compiled with its default guards, from the same networks on the same batches and the same
+    random draws (inductor's random ops fall back to eager torch's): the same networks, targets and losses as the
+    reference learner (clips, hard and soft targets, TD3's and REDQ's delayed actor), and no recompilation in the
+    steps after its warm-up."""
+    overrides = MORE_OF_THE_STEP.get(algo, [])
+    with compat.compiled_random_as_eager():
+        reference, reference_parts, replay = _learner(algo, *overrides, *REFERENCE.get(algo, []))
+        compiled, compiled_parts, _ = _learner(algo, *overrides, "compile.enabled=true")
+        initial = _learned(compiled_parts)
+        torch.testing.assert_close(_learned(reference_parts), initial, rtol=0, atol=0)
+        steps = compiled.warmup_steps + 2
+        torch.manual_seed(1)
+        out_reference = reference.update(replay, steps, version=1)
+        torch.manual_seed(1)
+        out_compiled = compiled.update(replay, steps, version=1)
+    learned = _learned(compiled_parts, initial)
+    assert any(not torch.equal(learned[k], initial[k]) for k in initial)  # it learned
+    torch.testing.assert_close(learned, _learned(reference_parts, initial), rtol=1e-4, atol=1e-5)
+    losses = [key for key in out_reference if key.startswith("loss/")]
+    assert losses and {key: out_compiled[key] for key in losses} == pytest.approx(
+        {key: out_reference[key] for key in losses}, rel=1e-4, abs=1e-5)
+    if compiled.target_updater is not None:
+        assert compiled.target_updater.updates == reference.target_updater.updates > 0
+    assert out_compiled["compile/recompiles"] == 0
+
+
+def test_only_the_learner_s_own_recompilations_are_counted():
+    """After the warm-up, an unrelated compiled function leaves the learner's count at 0; a batch of another size
+    is one recompilation (it compiles the step for any batch size, so a third size needs none)."""
     learner, _, replay = _learner("dqn", "compile.enabled=true")
     learner.update(replay, learner.warmup_steps + 1, version=1)
     assert learner.recompiles == 0
+    unrelated = torch.compile(lambda x: x.sin() + 1)
+    unrelated(torch.ones(3))
+    learner.update(replay, 2, version=1)
+    assert learner.recompiles == 0
     learner.sample_shape = (16,)
-    learner.update(replay, 1, version=1)
-    assert learner.recompiles >= 1
-
-
-@pytest.mark.parametrize("algo, overrides", [
-    ("dqn", ["optim.max_grad_norm=0.5", "target.mode=hard", "target.hard_every=2"]),
-    ("td3", ["td3.policy_delay=2"]),
-])
-def test_skipped_guards_make_the_same_update(algo, overrides):
-    """``compile.skip_guards`` (the default: only the tensor and global-state guards): the same updates as the fully
-    guarded compiled step (``compile.skip_guards=false``), with no recompilation; TD3's two kinds of step (critic
-    only, then critic and delayed actor) each run their own graphs (with the kinds mixed up the actor would not
-    learn, or learn on every step). Both learners draw TD3's target-smoothing noise from the same seeds."""
-    torch.compiler.reset()  # shapes seen by earlier tests' steps would start the graphs dynamic (torch's automatic
-    #                         dynamic shapes, kept per function name), and the batch of 16 below would then fit one
-    torch.manual_seed(0)
-    guarded, guarded_parts, replay = _learner(algo, *overrides, "compile.enabled=true", "compile.skip_guards=false")
-    torch.manual_seed(0)
-    skipping, skipping_parts, _ = _learner(algo, *overrides, "compile.enabled=true", "compile.skip_guards=true")
-    torch.manual_seed(1)
-    guarded.update(replay, 8, version=1)
-    torch.manual_seed(1)
-    out = skipping.update(replay, 8, version=1)
-    assert not torch.equal(_all_params(skipping_parts), _all_params(_learner(algo, *overrides)[1]))  # it learned
-    assert torch.equal(_all_params(skipping_parts), _all_params(guarded_parts))
-    assert out["compile/recompiles"] == 0
-    skipping.sample_shape = (16,)  # a batch of another shape still gets a graph of its own
-    skipping.update(replay, 1, version=1)
-    assert skipping.recompiles >= 1
+    learner.update(replay, 2, version=1)
+    assert learner.recompiles == 1
+    learner.sample_shape = (8,)
+    learner.update(replay, 2, version=1)
+    assert learner.recompiles == 1
 
 
 def test_relu_is_the_same_function_compiled_and_eager():
@@ -118,12 +121,11 @@ def test_a_checkpoint_resumes_with_this_runs_optimiser_implementation():
     assert compiled.steps == 2 and compiled.update(replay, 4, version=1)["compile/recompiles"] == 0
 
 
-@pytest.mark.parametrize("algo", ["dqn", "sac", "td3", "ddpg"])
-def test_compiled_run_completes_without_recompiles(algo, tmp_path):
-    """A whole compiled smoke run of each algorithm: every optimiser step compiled, 0 recompiles after warm-up."""
-    s = train_inprocess(f"algo={algo}", "profile=smoke", "compile.enabled=true", "eval.interval_env_steps=0",
+def test_a_compiled_run_reports_its_recompiles(tmp_path):
+    """A whole compiled smoke run: every optimiser step compiled, and the learner's count (0 after the warm-up)
+    reaches the result and summary.json. Every algorithm's count is checked by the learner test above."""
+    s = train_inprocess("algo=dqn", "profile=smoke", "compile.enabled=true", "eval.interval_env_steps=0",
                         "eval.final_episodes=0", f"run_dir={tmp_path}")
-    assert s["status"] == "completed" and s["error"] is None
-    assert s["optim_steps"] == (100 if algo == "dqn" else 200)
+    assert s["status"] == "completed" and s["error"] is None and s["optim_steps"] == 100
     assert s["compile_recompiles"] == 0
     assert summary(tmp_path)["compile_recompiles"] == 0

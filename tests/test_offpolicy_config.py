@@ -19,6 +19,7 @@ from shared.config import ConfigError
     (["algo=dqn", "sac.alpha_init=0.1"], "unknown key 'sac.alpha_init'"),
     (["model.hidden=[256,-1]"], "model.hidden=[256, -1] is not allowed"),
     (["collector.prefill_env_steps=5000", "replay.size=1000"], "collector.prefill_env_steps=5000 is not allowed"),
+    (["collector.overlap_timeout_s=0"], "collector.overlap_timeout_s=0 is out of range; allowed: a number >= 1"),
     (["profile=huge"], "profile='huge' does not exist; allowed: atari, atari_cleanrl, humanoid_scale, local, ray_smoke, scale, scale_rehearsal, smoke"),
     (["resume=/nonexistent/last.pt"], "resume='/nonexistent/last.pt': no such file"),
     (["logger.backend=mlflow"], "logger.backend='mlflow' is not allowed"),

@@ -1,10 +1,11 @@
 """``collector.overlap``: the lean collector in a child process, one batch ahead of the learner
 (offpolicy/overlap.py). The hand-over gives one round of policy lag and no more, the same batches on a second run, a
-dead child ends the run with one line, and the settings it cannot serve are refused."""
+dead or silent child ends the run with one line, and the settings it cannot serve are refused."""
 from __future__ import annotations
 
 import copy
 import os
+import re
 import signal
 import time
 
@@ -32,11 +33,20 @@ def _collector(seed=5, greedy=False):
     return parts, collector
 
 
+def _q_network(parts):
+    return parts.collect_policy[0].module[0].module
+
+
+def _greedy(network, batch):
+    with torch.no_grad():
+        return network(batch["observation"][0]).argmax(-1)
+
+
 def test_batch_k_is_collected_with_the_policy_published_before_round_k_minus_1():
     """Orders carry the weights of their moment: batches 0 and 1 act with version 0, batch 2 with version 1 (the
     weights as they were when round 1 began, not as the learner changed them afterwards), batch 3 with version 2."""
     parts, collector = _collector(greedy=True)
-    network = parts.collect_policy[0].module[0].module
+    network = _q_network(parts)
     try:
         batches = iter(collector)
         first = next(batches)  # orders batch 1 with version 0
@@ -53,25 +63,39 @@ def test_batch_k_is_collected_with_the_policy_published_before_round_k_minus_1()
         collector.shutdown()
     assert [int(b["next", "policy_version"].unique()) for b in (first, second, third, fourth)] == [0, 0, 1, 2]
     assert not collector.process.is_alive()
-
-    def greedy(net, batch):
-        with torch.no_grad():
-            return net(batch["observation"][0]).argmax(-1)
-
-    assert torch.equal(third["action"][0].argmax(-1), greedy(before, third))
-    assert torch.equal(fourth["action"][0].argmax(-1), greedy(network, fourth))
-    assert not torch.equal(greedy(before, fourth), greedy(network, fourth))  # the two weight sets act apart
+    assert torch.equal(third["action"][0].argmax(-1), _greedy(before, third))
+    assert torch.equal(fourth["action"][0].argmax(-1), _greedy(network, fourth))
+    assert not torch.equal(_greedy(before, fourth), _greedy(network, fourth))  # the two weight sets act apart
 
 
-def test_the_same_seed_collects_the_same_batches():
-    collectors = [_collector(seed=11)[1] for _ in range(2)]  # the two children start side by side
+def test_the_same_seed_collects_the_same_batches_with_the_weights_sent():
+    """Two runs from the same seed, each sending the same new weights during the run (the greedy actions flipped,
+    exploration off): the same batches, exploring ones included, and the batch ordered after the new weights acts
+    with them."""
+    runs = [_collector(seed=11) for _ in range(2)]  # the two children start side by side
     try:
-        runs = [[next(c), next(c)] for c in collectors]
+        collected = []
+        for parts, collector in runs:
+            network = _q_network(parts)
+            batches = [next(collector)]  # exploring with the initial weights; orders batch 1 with them
+            with torch.no_grad():
+                network[-1].weight.neg_()
+                network[-1].bias.neg_()
+            parts.exploration.eps.fill_(0.0)
+            collector.update_policy_weights_()
+            batches += [next(collector), next(collector)]  # batch 2 ordered with the new weights, version 1
+            collected.append(batches)
     finally:
-        for c in collectors:
-            c.shutdown()
-    for a, b in zip(*runs):
-        assert torch.equal(a["observation"], b["observation"]) and torch.equal(a["action"], b["action"])
+        for _, collector in runs:
+            collector.shutdown()
+    for a, b in zip(*collected):
+        for key in ("observation", "action", ("next", "policy_version")):
+            assert torch.equal(a[key], b[key]), key
+    _, second, third = collected[0]
+    assert [int(b["next", "policy_version"].unique()) for b in collected[0]] == [0, 0, 1]
+    network = _q_network(runs[0][0])
+    assert torch.equal(third["action"][0].argmax(-1), _greedy(network, third))
+    assert not torch.equal(second["action"][0].argmax(-1), _greedy(network, second))
 
 
 def test_a_dead_background_collector_is_noticed():
@@ -85,6 +109,26 @@ def test_a_dead_background_collector_is_noticed():
             next(batches)
             next(batches)  # the kill may land after the batch in flight was sent
         assert time.monotonic() - start < 10
+    finally:
+        collector.shutdown()
+
+
+def test_a_silent_background_collector_is_stopped():
+    """A child alive but sending nothing (stopped before its first order, so no batch is half sent) ends the wait
+    once its batch is ``timeout_s`` late, with one line naming the child and its silence, and is ended."""
+    _, collector = _collector()
+    try:
+        collector.timeout_s = 0.5
+        os.kill(collector.process.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(CollectorLost) as lost:
+            next(iter(collector))
+        assert time.monotonic() - start < 5
+        assert re.fullmatch(rf"the background collector process \(offpolicy-collector, pid {collector.process.pid}\) "
+                            r"sent no batch for \d+\.\d s after its order \(collector\.overlap_timeout_s=0\.5\); "
+                            r"stopped it", str(lost.value)), lost.value
+        assert float(str(lost.value).split(" for ")[1].split(" s ")[0]) >= 0.5
+        assert collector.process.exitcode == -signal.SIGKILL
     finally:
         collector.shutdown()
 
@@ -106,24 +150,31 @@ def test_settings_overlap_cannot_serve_are_refused(overrides):
         compose_config(["algo=dqn", "collector.overlap=true", *overrides])
 
 
-def test_a_dead_child_ends_the_run_with_its_error_and_a_checkpoint(tmp_path, monkeypatch):
-    """The child killed after two batches: the run stops with status failed, the collector's error in the summary
-    (train.py exits with code 4 and prints it as one ``error:`` line), and a checkpoint at the last round."""
-    original = BackgroundCollector.__next__
-    served = []
+@pytest.mark.parametrize("signum, error", [
+    (signal.SIGKILL, r"the background collector process died \(exit code -9\)"),
+    (signal.SIGSTOP, r"the background collector process \(offpolicy-collector, pid \d+\) sent no batch for \d+\.\d s "
+                     r"after its order \(collector\.overlap_timeout_s=0\.5\); stopped it"),
+], ids=["killed", "stopped"])
+def test_a_lost_child_ends_the_run_with_its_error_and_a_checkpoint(tmp_path, monkeypatch, signum, error):
+    """The child killed, or stopped (alive but silent), as its third batch is ordered (the two before are back):
+    the run stops with status failed, the collector's error in the summary (train.py exits with code 4 and prints it
+    as one ``error:`` line), and a checkpoint at the last round; no child is left."""
+    original = BackgroundCollector._order
+    children = []
 
-    def next_then_kill(self):
-        if len(served) == 2:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.join()
-        served.append(1)
-        return original(self)
+    def order_after_signal(self):
+        children.append(self.process)
+        if len(children) == 3:
+            self.timeout_s = 0.5  # the child has started: a batch of the smoke profile takes milliseconds
+            os.kill(self.process.pid, signum)
+        original(self)
 
-    monkeypatch.setattr(BackgroundCollector, "__next__", next_then_kill)
+    monkeypatch.setattr(BackgroundCollector, "_order", order_after_signal)
     s = train_inprocess("algo=dqn", "profile=smoke", "collector.overlap=true", f"run_dir={tmp_path}")
     assert s["status"] == "failed" and s["batches"] == 2
-    assert s["error"] == "the background collector process died (exit code -9)"
+    assert re.fullmatch(error, s["error"]), s["error"]
     assert (tmp_path / "checkpoints" / "last.pt").exists()
+    assert not children[-1].is_alive()
 
 
 def test_a_failing_child_reports_its_error():
