@@ -7,7 +7,10 @@
 3. ``gpu_collectors``: a training run whose two collector actors run their policy on the GPU (half a GPU each);
 4. ``nccl_compiled``: the ``nccl`` run with the learner step compiled and replayed as a CUDA graph.
 
-    python benchmarks/gpu_check.py [update] [nccl] [gpu_collectors] [nccl_compiled]
+    python benchmarks/gpu_check.py [update] [nccl] [gpu_collectors] [nccl_compiled] [algos=sac,td3,ddpg,dqn]
+        [variants=eager,compiled,compiled_cudagraphs]
+
+Each case of ``update`` runs in a process of its own; a failing one prints its traceback to stderr.
 
 Prints JSON lines and appends them to benchmarks/results/gpu_check.jsonl; exits 2 with one line when there is no
 CUDA device.
@@ -53,8 +56,22 @@ VARIANTS = {
 }
 
 
-def check_update(out: Path, n: int = 200) -> None:
-    """Each algorithm's learner step on the GPU: eager, compiled, compiled + CUDA graphs."""
+def check_update(out: Path, algos: list[str], variants: list[str]) -> None:
+    """Each algorithm's learner step on the GPU: eager, compiled, compiled + CUDA graphs, each in a process of its own
+    (a failed CUDA-graph capture leaves the process's CUDA state unusable for the next case)."""
+    for algo in algos:
+        for variant in variants:
+            proc = subprocess.run([sys.executable, __file__, "update_case", algo, variant], cwd=ROOT,
+                                  capture_output=True, text=True)
+            print(proc.stdout, end="", flush=True)
+            if proc.returncode:
+                _emit(f"update_{algo}_{variant}", "error", " ".join(proc.stderr.strip().splitlines()[-1:])[:300],
+                      "text", out)
+                print(proc.stderr[-4000:], file=sys.stderr, flush=True)  # the whole traceback, for the log
+
+
+def update_case(algo: str, variant: str, out: Path, n: int = 200) -> None:
+    """One algorithm's learner step on the GPU, one way: warm-up time, ms per step, recompilations after warm-up."""
     from offpolicy.builder import Builder
     from offpolicy.config import compose_config
     from offpolicy.envs import make_train_env
@@ -62,36 +79,30 @@ def check_update(out: Path, n: int = 200) -> None:
     from offpolicy.replay import make_replay_buffer
 
     device = torch.device("cuda")
-    for algo, env_name in UPDATE_ENVS.items():
-        base = [f"algo={algo}", f"env={env_name}", "optim.batch_size=256", "model.hidden=[256,256]",
-                "collector.env_steps_per_batch=1000"]
-        cfg, _ = compose_config(base)
-        env = make_train_env(cfg)
-        parts = Builder(cfg).parts(env)
-        collector = Builder(cfg).collector(env, parts.collect_policy)
-        replay = make_replay_buffer(cfg)
-        replay.extend(next(iter(collector)).reshape(-1))
-        collector.shutdown()
-        for variant, switches in VARIANTS.items():
-            name = f"update_{algo}_{variant}"
-            try:
-                cfg, _ = compose_config([*base, *switches])
-                torch.manual_seed(0)
-                parts = Builder(cfg).parts(env)
-                parts.loss.to(device)
-                learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(256,), device=device)
-                start = time.perf_counter()
-                learner.update(replay, learner.warmup_steps + 4, version=1)
-                torch.cuda.synchronize()
-                _emit(name, "warmup_s", round(time.perf_counter() - start, 1), "s", out)
-                start = time.perf_counter()
-                learner.update(replay, n, version=1)
-                torch.cuda.synchronize()
-                _emit(name, "ms_per_step", round((time.perf_counter() - start) / n * 1000, 3), "ms", out)
-                if learner.recompiles is not None:
-                    _emit(name, "recompiles", learner.recompiles, "count", out)
-            except Exception as exc:  # a figure, not a test: report what failed and go on with the other checks
-                _emit(name, "error", " ".join(f"{type(exc).__name__}: {exc}".split())[:300], "text", out)
+    base = [f"algo={algo}", f"env={UPDATE_ENVS[algo]}", "optim.batch_size=256", "model.hidden=[256,256]",
+            "collector.env_steps_per_batch=1000"]
+    cfg, _ = compose_config([*base, *VARIANTS[variant]])
+    env = make_train_env(cfg)
+    parts = Builder(cfg).parts(env)
+    collector = Builder(cfg).collector(env, parts.collect_policy)
+    replay = make_replay_buffer(cfg)
+    replay.extend(next(iter(collector)).reshape(-1))
+    collector.shutdown()
+    name = f"update_{algo}_{variant}"
+    torch.manual_seed(0)
+    parts = Builder(cfg).parts(env)
+    parts.loss.to(device)
+    learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(256,), device=device)
+    start = time.perf_counter()
+    learner.update(replay, learner.warmup_steps + 4, version=1)
+    torch.cuda.synchronize()
+    _emit(name, "warmup_s", round(time.perf_counter() - start, 1), "s", out)
+    start = time.perf_counter()
+    learner.update(replay, n, version=1)
+    torch.cuda.synchronize()
+    _emit(name, "ms_per_step", round((time.perf_counter() - start) / n * 1000, 3), "ms", out)
+    if learner.recompiles is not None:
+        _emit(name, "recompiles", learner.recompiles, "count", out)
 
 
 def check_run(name: str, out: Path) -> None:
@@ -117,11 +128,17 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device: the GPU check needs one (see the README's GPU section)", file=sys.stderr)
         return 2
-    checks = argv or ["update", "nccl", "gpu_collectors", "nccl_compiled"]
     out = ROOT / "benchmarks" / "results" / "gpu_check.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if argv[:1] == ["update_case"]:  # one case of `update`, in its own process
+        update_case(argv[1], argv[2], out)
+        return 0
+    checks = [a for a in argv if "=" not in a] or ["update", "nccl", "gpu_collectors", "nccl_compiled"]
+    options = dict(a.split("=", 1) for a in argv if "=" in a)
+    algos = options.get("algos", ",".join(UPDATE_ENVS)).split(",")
+    variants = options.get("variants", ",".join(VARIANTS)).split(",")
     for check in checks:
-        check_update(out) if check == "update" else check_run(check, out)
+        check_update(out, algos, variants) if check == "update" else check_run(check, out)
     return 0
 
 
