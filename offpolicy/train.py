@@ -1,5 +1,5 @@
 """Entry point of the off-policy engine: ``python -m offpolicy.train algo=NAME [env=...] [key=value...]`` (the
-algorithms: offpolicy/algos/), or from Python ``from offpolicy import train; summary = train(algo="sac", ...)``
+algorithms: offpolicy/algos/), or from Python ``from offpolicy import train; summary = train(algo=NAME, ...)``
 (:func:`from_python`).
 
 Assembles a run and runs it: the parts come from the builder (offpolicy/builder.py), the engine decides where they
@@ -72,7 +72,7 @@ def train(cfg: DictConfig, checkpoint: Checkpoint | None = None) -> dict:
 
 
 def from_python(**overrides) -> dict:
-    """``offpolicy.train(algo="sac", env="Pendulum-v1", **overrides)``: a run from Python. The keyword arguments are
+    """``offpolicy.train(algo=NAME, env=ENV_ID, **overrides)``: a run from Python. The keyword arguments are
     the command line's keys and aliases (a dict sets the keys under its key, ``optim={"lr": 1e-3}``; or
     ``**{"optim.lr": 1e-3}``), checked as on the command line: a bad key or value raises ConfigError with the CLI's
     ``error:`` line as its message. Returns the summary (also written to ``summary.json``); its ``status`` says how

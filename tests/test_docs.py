@@ -35,14 +35,26 @@ def test_readme_test_command_is_the_one_ci_runs():
 
 
 def readme_blocks(section: str) -> list[tuple[str, str]]:
-    """The fenced code blocks ``(language, code)`` of the README section headed ``section`` (up to the next heading of
-    the same or a higher level)."""
-    readme = (REPO / "README.md").read_text()
-    start = re.search(rf"^(#+) {re.escape(section)}$", readme, re.M)
-    assert start, f"README.md has no section {section!r}"
-    end = re.compile(rf"^#{{1,{len(start.group(1))}}} ", re.M).search(readme, start.end())
-    text = readme[start.end():end.start() if end else None]
-    return re.findall(r"^```(\w+)\n(.*?)^```$", text, re.M | re.S)
+    """The fenced code blocks ``(language, code)`` of the README section headed ``section``, up to the next heading of
+    the same or a higher level (a ``#`` line inside a code block is no heading)."""
+    blocks, level, fence, lines = [], None, None, []
+    for line in (REPO / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            if fence is None:
+                fence, lines = line[3:].strip(), []
+            else:
+                if level is not None:
+                    blocks.append((fence, "\n".join(lines) + "\n"))
+                fence = None
+        elif fence is not None:
+            lines.append(line)
+        elif (heading := re.match(r"(#+) (.*)", line)):
+            if heading.group(2).strip() == section:
+                level = len(heading.group(1))
+            elif level is not None and len(heading.group(1)) <= level:
+                break
+    assert level is not None, f"README.md has no section {section!r}"
+    return blocks
 
 
 @pytest.fixture
