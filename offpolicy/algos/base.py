@@ -89,6 +89,8 @@ class Algorithm:
     added_keys: dict[str, object] = field(default_factory=dict)
     renamed_keys: dict[str, str] = field(default_factory=dict)  # old key -> current key (old checkpoints, old CLIs)
     shape_keys: tuple[str, ...] = ()  # its keys that shape its networks: a resume cannot change them
+    # checks across its keys (a ConfigError for what the per-key rules cannot see), after the rules
+    check: Callable[[DictConfig], None] | None = None
 
     def check_actions(self, env_name: str, action_spec) -> None:
         """The env's actions suit the algorithm: discrete (one-hot) or bounded continuous; a ConfigError otherwise.
