@@ -133,9 +133,11 @@ def _recording_policy(monkeypatch, loss):
 
 
 def test_redq_target_is_the_minimum_over_critics_drawn_afresh_each_step(monkeypatch):
-    """Each step draws its own ``sub_sample_len`` of the ten target critics, and the target is ``r + gamma (1 -
-    terminated) (min over the drawn critics of Q'(s', a') - alpha log pi(a'|s'))``, computed here critic by critic."""
+    """Each step draws its own ``sub_sample_len`` of the ten target critics, and the target is ``r + gamma^k (1 -
+    terminated) (min over the drawn critics of Q'(s', a') - alpha log pi(a'|s'))``, computed here critic by critic
+    (``k``: n-step replay's ``steps_to_next_obs``, which torchrl 0.14.1's REDQLoss dropped)."""
     cfg, _, parts, batch = smoke_parts("redq")
+    batch["steps_to_next_obs"] = torch.randint(1, 4, (batch.shape[0], 1))
     loss = parts.loss
     n, m, gamma = cfg.redq.num_qvalue_nets, cfg.redq.sub_sample_len, cfg.loss.gamma
     # targets apart from the online critics and from each other, so that which critics are drawn matters
@@ -157,7 +159,8 @@ def test_redq_target_is_the_minimum_over_critics_drawn_afresh_each_step(monkeypa
         next_value = q[drawn].min(0).values - loss.alpha * next_log_prob
         assert not torch.allclose(next_value, q.min(0).values - loss.alpha * next_log_prob)  # not all ten
         not_terminated = 1 - batch["next", "terminated"].squeeze(-1).float()
-        expected = batch["next", "reward"].squeeze(-1) + gamma * not_terminated * next_value
+        discount = gamma ** batch["steps_to_next_obs"].squeeze(-1)
+        expected = batch["next", "reward"].squeeze(-1) + discount * not_terminated * next_value
         torch.testing.assert_close(metadata["target_value"], expected, rtol=1e-5, atol=1e-5)
     assert len(set(subsets)) > 1  # drawn afresh (six equal draws of 2 of 10: probability 45^-5)
 
