@@ -281,6 +281,38 @@ def test_clamped_batch_renorm_ends_its_warm_up():
         assert float((layer(x).mean(0) / d).mean()) == pytest.approx(1.0, abs=1e-3)
 
 
+def test_double_dqn_evaluates_the_online_argmax_with_the_target_network():
+    """``dqn.double=true``: the target is ``r + gamma (1 - terminated) Q_target(s', argmax_a Q_online(s', a))``;
+    ``false``: ``... max_a Q_target(s', a)``. With the target network's actions swapped the two differ (double DQN's
+    is then min_a Q_online(s', a)), and each run's TD error (the loss writes ``(Q(s, a) - target)^2``) matches its own hand computation."""
+    targets = {}
+    for double in (True, False):
+        cfg, _, parts, batch = smoke_parts("dqn", f"dqn.double={str(double).lower()}")
+        loss = parts.loss
+        with torch.no_grad():
+            # the target network's output layer with its two actions swapped: Q_target(s, a) = Q_online(s, 1 - a)
+            target_params = loss.target_value_network_params.flatten_keys()
+            for suffix in ("weight", "bias"):
+                last = [k for k in target_params.keys() if k.endswith(suffix)][-1]
+                target_params[last].copy_(target_params[last].flip(0))
+            sample = batch.clone()
+            loss(sample)
+
+            def q_values(params, observation):
+                with params.to_module(loss.value_network):
+                    return loss.value_network.module[0](observation)  # QValueActor: the Q network, then argmax
+
+            online = q_values(loss.value_network_params, batch["next", "observation"])
+            target = q_values(loss.target_value_network_params, batch["next", "observation"])
+            q_taken = (q_values(loss.value_network_params, batch["observation"]) * batch["action"]).sum(-1)
+        next_value = target.gather(-1, online.argmax(-1, keepdim=True)).squeeze(-1) if double else target.max(-1).values
+        not_terminated = 1 - batch["next", "terminated"].squeeze(-1).float()
+        targets[double] = batch["next", "reward"].squeeze(-1) + cfg.loss.gamma * not_terminated * next_value
+        torch.testing.assert_close(sample["td_error"].squeeze(-1), (q_taken - targets[double]) ** 2)
+    different = (targets[True] - targets[False]).abs() > 1e-3
+    assert different.float().mean() > 0.9  # wherever the two Q values differ
+
+
 def test_adding_an_algorithm_needs_no_registry_edit():
     """The registry is every module of the package but its shared ones."""
     package = REPO / "offpolicy" / "algos"
