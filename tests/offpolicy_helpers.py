@@ -29,16 +29,17 @@ def summary(run_dir: Path) -> dict:
 
 
 def smoke_parts(algo: str, *overrides: str):
-    """``profile=smoke`` parts of ``algo`` (DQN on CartPole, the others on Pendulum) built from seed 0, and one
-    collected batch, flattened: returns ``(cfg, env, parts, batch)`` (``env`` gives specs; its collector is shut)."""
+    """``profile=smoke`` parts of ``algo`` on its smoke env (DQN: CartPole, the others: Pendulum) built from seed 0,
+    and one collected batch, flattened: returns ``(cfg, env, parts, batch)`` (``env`` gives specs; its collector is
+    shut)."""
     import torch
 
+    from offpolicy.algos import algorithm
     from offpolicy.config import compose_config
     from offpolicy.builder import Builder
     from offpolicy.envs import make_train_env
 
-    env_name = "CartPole-v1" if algo == "dqn" else "Pendulum-v1"
-    cfg, _ = compose_config([f"algo={algo}", f"env={env_name}", "profile=smoke", *overrides])
+    cfg, _ = compose_config([f"algo={algo}", f"env={algorithm(algo).smoke_env}", "profile=smoke", *overrides])
     torch.manual_seed(0)
     env = make_train_env(cfg)
     parts = Builder(cfg).parts(env)

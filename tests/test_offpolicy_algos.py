@@ -317,7 +317,7 @@ def test_adding_an_algorithm_needs_no_registry_edit():
     """The registry is every module of the package but its shared ones."""
     package = REPO / "offpolicy" / "algos"
     modules = {p.stem for p in package.glob("*.py")} - {"__init__", "base", "networks", "policies"}
-    assert set(ALGORITHMS) == modules == {"dqn", "sac", "td3", "ddpg", "crossq", "redq"}
+    assert set(ALGORITHMS) == modules and len(modules) >= 6
 
 
 @pytest.mark.parametrize("name,shape_override", [("crossq", "crossq.policy_delay=2"),
