@@ -21,15 +21,22 @@ def _rank(rank: int, world_size: int, rendezvous: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def test_two_gloo_ranks_average_their_gradients(tmp_path):
+def _run_two_ranks(target, tmp_path, timeout: float) -> list[str]:
+    """``target(rank, 2, rendezvous, out)`` in two spawned processes forming a Gloo group; returns their ``out``
+    files."""
     outs = [str(tmp_path / f"rank{r}.pt") for r in range(2)]
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path / "rendezvous"), outs[r])) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, 2, str(tmp_path / "rendezvous"), outs[r])) for r in range(2)]
     for proc in procs:
         proc.start()
     for proc in procs:
-        proc.join(timeout=120)
+        proc.join(timeout=timeout)
         assert proc.exitcode == 0
+    return outs
+
+
+def test_two_gloo_ranks_average_their_gradients(tmp_path):
+    outs = _run_two_ranks(_rank, tmp_path, timeout=120)
     for out in outs:
         grads = torch.load(out, weights_only=True)
         assert torch.equal(grads["weight"], torch.full((2, 3), 1.5))  # the mean of 1 and 2 (a sum would be 3)
@@ -63,14 +70,7 @@ def _crossq_step(rank: int, world_size: int, rendezvous: str | None, out: str) -
 def test_learner_ranks_average_crossq_s_running_statistics(tmp_path):
     """Each rank's forward moves CrossQ's batch-renormalisation statistics with its own samples: after a step of two
     Gloo ranks both hold the mean of what each rank alone would hold (and the same parameters), not their own."""
-    outs = [str(tmp_path / f"rank{r}.pt") for r in range(2)]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_crossq_step, args=(r, 2, str(tmp_path / "rendezvous"), outs[r])) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=180)
-        assert proc.exitcode == 0
+    outs = _run_two_ranks(_crossq_step, tmp_path, timeout=180)
     alone = []
     for r in range(2):
         _crossq_step(r, 1, None, str(tmp_path / f"alone{r}.pt"))

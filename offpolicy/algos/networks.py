@@ -76,11 +76,10 @@ class ClampedBatchRenorm1d(BatchRenorm1d):
 
 
 def running_statistics(module: nn.Module) -> list[torch.Tensor]:
-    """The floating-point buffers of ``module`` (batch-renormalisation running means and variances; a torchrl loss
-    keeps its networks' buffers beside their parameters), which each forward in training mode moves: what learner
-    ranks average besides the gradients. Target networks are excluded: they follow the averaged parameters."""
-    return [b for name, b in module.named_buffers() if b.is_floating_point() and name.endswith(("running_mean",
-                                                                                                "running_var"))]
+    """The running means and variances of ``module``'s normalisation layers (a torchrl loss keeps its networks'
+    buffers beside their parameters), which each forward in training mode moves with its own batch: what learner
+    ranks average besides the gradients."""
+    return [b for name, b in module.named_buffers() if name.endswith(("running_mean", "running_var"))]
 
 
 class QHead(nn.Module):
