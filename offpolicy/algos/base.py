@@ -58,7 +58,7 @@ class AlgoParts:
     #                           whether its steps move the target networks (TD3: only the actor's)
     target_updater: TargetUpdate | None  # None: the loss has no target networks (CrossQ)
     # on steps where only the critic is due: ``sample -> (critic loss, |TD error| per sample)``, skipping the actor
-    # loss's forward (TD3, CrossQ); None: the whole loss every step
+    # loss's forward (TD3, CrossQ, REDQ); None: the whole loss every step
     critic_only: Callable[[object], tuple[torch.Tensor, torch.Tensor]] | None = None
     critic_loss_key: str = "loss_qvalue"
     td_error_squared: bool = True  # torchrl's DQN, DDPG and TD3 losses write (delta)^2 as "td_error", SAC |delta|

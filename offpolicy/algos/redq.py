@@ -41,8 +41,8 @@ class SplitREDQLoss(REDQLoss):
 
     def qvalue_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The critics' term: each of the N critics regresses on ``r + gamma^k (min_i Q'_i(s', a') - alpha log
-        pi(a'|s'))``, the minimum over ``sub_sample_len`` target critics ``i`` drawn for this step, ``a' ~ pi(s')``.
-        Returns the loss and ``td_error`` (squared, ``[N, *batch]``), ``target_value`` and the ``drawn`` critics."""
+        pi(a'|s'))`` (no bootstrap past a terminal step; ``k``: n-step replay's ``steps_to_next_obs``), the minimum
+        over ``sub_sample_len`` target critics ``i`` drawn for this step, ``a' ~ pi(s')``. Returns the loss and ``td_error`` (squared, ``[N, *batch]``), ``target_value`` and the ``drawn`` critics."""
         observation, action = tensordict.get("observation"), tensordict.get(self.tensor_keys.action)
         drawn = torch.randperm(self.num_qvalue_nets)[: self.sub_sample_len]
         with torch.no_grad():
