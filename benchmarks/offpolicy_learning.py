@@ -45,6 +45,13 @@ CASES = {
     "ddpg-pendulum-compiled": (["algo=ddpg", *PENDULUM, "compile.enabled=true"], -200.0, 20_000),
     "ddpg-pendulum": (["algo=ddpg", *PENDULUM], -200.0, 20_000),
     "crossq-pendulum": (["algo=crossq", *PENDULUM], -200.0, 20_000),
+    # CrossQ past its batch renormalisation's warm-up (1,000 critic steps, so 15k env steps are 14 warm-ups), and the
+    # same with torchrl 0.14.1's BatchRenorm1d, whose warm-up never ends (its factor keeps growing: the "before" of
+    # offpolicy/algos/networks.py ClampedBatchRenorm1d)
+    "crossq-pendulum-warmup1k": (["algo=crossq", *PENDULUM, "total_env_steps=15000",
+                                  "crossq.renorm_warmup_steps=1000"], -200.0, 15_000),
+    "crossq-pendulum-warmup1k-torchrl-renorm": (["algo=crossq", *PENDULUM, "total_env_steps=15000",
+                                                 "crossq.renorm_warmup_steps=1000"], -200.0, 15_000),
     # REDQ at its UTD 20 costs ~1 s of learner time per env step on this CPU (10 critics): a 3k-step budget
     "redq-pendulum": (["algo=redq", "env=Pendulum-v1", "total_env_steps=3000", "collector.env_steps_per_batch=200",
                        "collector.prefill_env_steps=1000", "eval.interval_env_steps=500", "eval.episodes=5",
@@ -59,12 +66,20 @@ CASES = {
 }
 
 
+# the cases whose training swaps CrossQ's batch renormalisation back to torchrl's own class
+TORCHRL_RENORM_CASES = {"crossq-pendulum-warmup1k-torchrl-renorm"}
+WITH_TORCHRL_RENORM = ("import runpy, torchrl.modules, offpolicy.algos.networks as nets; "
+                       "nets.ClampedBatchRenorm1d = torchrl.modules.BatchRenorm1d; "
+                       "runpy.run_module('offpolicy.train', run_name='__main__')")
+
+
 def start_case(name: str, seed: int, extra: list[str]) -> tuple[subprocess.Popen, Path, float]:
     overrides, _, _ = CASES[name]
     run_dir = RESULTS / f"{name}-seed{seed}"
     if run_dir.exists() and not any(a.startswith("resume=") for a in extra):
         shutil.rmtree(run_dir)
-    cmd = [sys.executable, "-m", "offpolicy.train", *overrides, f"seed={seed}", f"run_dir={run_dir}",
+    launch = ["-c", WITH_TORCHRL_RENORM] if name in TORCHRL_RENORM_CASES else ["-m", "offpolicy.train"]
+    cmd = [sys.executable, *launch, *overrides, f"seed={seed}", f"run_dir={run_dir}",
            "logger.progress_bar=false", *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, run_dir, time.time()

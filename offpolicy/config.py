@@ -107,6 +107,8 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, Checkpoint | None]:
         raise ConfigError(f"algo={cfg.algo!r} is not allowed; allowed: {', '.join(ALGOS)}")
     for key, rule in algorithm(cfg.algo).rules.items():
         rule.validate(key, OmegaConf.select(cfg, key))
+    if algorithm(cfg.algo).check is not None:
+        algorithm(cfg.algo).check(cfg)
     atari = is_atari(cfg.env.name)
     if atari:
         if not algorithm(cfg.algo).discrete:

@@ -266,8 +266,7 @@ class Learner:
             total, losses = forward(sample)
             total.backward()
             if grad_sync is not None:  # the ranks' gradients averaged between backward and the optimiser steps
-                for group in groups:
-                    grad_sync(group.params())
+                grad_sync([p for group in groups for p in group.params()])
             return {**losses, **apply()}
 
         if self.compile.cudagraphs:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from offpolicy_helpers import smoke_parts
 from omegaconf import OmegaConf
 
 from offpolicy.algos import ALGORITHMS, ALGOS, algorithm
@@ -108,27 +109,215 @@ def test_redq_trains_an_ensemble_with_soft_targets_and_the_actor_once_per_env_st
     assert all(not torch.equal(online[first][i], before[first][i]) for i in range(n))
 
 
-def test_redq_draws_two_of_ten_critics_for_each_target(monkeypatch):
-    """The target minimum runs over ``sub_sample_len`` critics drawn by ``torch.randperm(num_qvalue_nets)``."""
-    cfg, parts, learner, batch = _learner("redq")
-    draws = []
-    real = torch.randperm
+def _critic_values(loss, params, observation, action):
+    """Q values [K, B] of the K critics stacked in ``params``, one plain forward each (no vmap)."""
+    values = []
+    for i in range(params.batch_size[0]):
+        with params[i].to_module(loss.qvalue_network):
+            values.append(loss.qvalue_network.module(observation, action).squeeze(-1))
+    return torch.stack(values)
 
-    def recording(n, *args, **kwargs):
-        out = real(n, *args, **kwargs)
-        draws.append(n)
-        return out
 
-    monkeypatch.setattr(torch, "randperm", recording)
-    learner.step(batch.clone())
-    assert draws == [10]
+def _recording_policy(monkeypatch, loss):
+    """Record every ``(observation, action, log_prob)`` the REDQ loss samples."""
+    calls = []
+    real = loss._policy
+
+    def recording(params, observation):
+        action, log_prob = real(params, observation)
+        calls.append((observation, action.detach(), log_prob.detach()))
+        return action, log_prob
+
+    monkeypatch.setattr(loss, "_policy", recording)
+    return calls
+
+
+def test_redq_target_is_the_minimum_over_critics_drawn_afresh_each_step(monkeypatch):
+    """Each step draws its own ``sub_sample_len`` of the ten target critics, and the target is ``r + gamma^k (1 -
+    terminated) (min over the drawn critics of Q'(s', a') - alpha log pi(a'|s'))``, computed here critic by critic
+    (``k``: n-step replay's ``steps_to_next_obs``, which torchrl 0.14.1's REDQLoss dropped)."""
+    cfg, _, parts, batch = smoke_parts("redq")
+    batch["steps_to_next_obs"] = torch.randint(1, 4, (batch.shape[0], 1))
+    loss = parts.loss
+    n, m, gamma = cfg.redq.num_qvalue_nets, cfg.redq.sub_sample_len, cfg.loss.gamma
+    # targets apart from the online critics and from each other, so that which critics are drawn matters
+    with torch.no_grad():
+        for value in loss.target_qvalue_network_params.flatten_keys().values():
+            value.add_(torch.randn_like(value) * 0.5)
+    sampled = _recording_policy(monkeypatch, loss)
+    subsets = []
+    for _ in range(6):
+        sampled.clear()
+        _, metadata = loss.qvalue_loss(batch.clone())
+        drawn = metadata["drawn"]
+        subsets.append(tuple(drawn.tolist()))
+        assert len(set(subsets[-1])) == m and all(0 <= i < n for i in subsets[-1])
+        (next_observation, next_action, next_log_prob), = sampled
+        assert torch.equal(next_observation, batch["next", "observation"])
+        with torch.no_grad():
+            q = _critic_values(loss, loss.target_qvalue_network_params, next_observation, next_action)
+        next_value = q[drawn].min(0).values - loss.alpha * next_log_prob
+        assert not torch.allclose(next_value, q.min(0).values - loss.alpha * next_log_prob)  # not all ten
+        not_terminated = 1 - batch["next", "terminated"].squeeze(-1).float()
+        discount = gamma ** batch["steps_to_next_obs"].squeeze(-1)
+        expected = batch["next", "reward"].squeeze(-1) + discount * not_terminated * next_value
+        torch.testing.assert_close(metadata["target_value"], expected, rtol=1e-5, atol=1e-5)
+    assert len(set(subsets)) > 1  # drawn afresh (six equal draws of 2 of 10: probability 45^-5)
+
+
+def test_redq_temperature_loss_uses_the_current_states_actions_only(monkeypatch):
+    """The paper's temperature loss: ``-alpha (log pi(a|s) + target entropy)`` averaged over the batch's current
+    states, at the actions sampled there (torchrl 0.14.1's REDQLoss also averaged in the next states' ones)."""
+    _, _, parts, batch = smoke_parts("redq", "redq.alpha_init=0.5")
+    loss = parts.loss
+    sampled = _recording_policy(monkeypatch, loss)
+    out = loss(batch.clone())
+    current = [log_prob for observation, _, log_prob in sampled if torch.equal(observation, batch["observation"])]
+    assert len(sampled) == 2 and len(current) == 1
+    # the log-probability of the sampled actions, recomputed from the actor's distribution at the current states
+    _, action, _ = next(c for c in sampled if torch.equal(c[0], batch["observation"]))
+    with torch.no_grad():
+        log_prob = loss.actor_network.distribution(batch["observation"]).log_prob(action)
+    torch.testing.assert_close(log_prob, current[0], rtol=1e-4, atol=1e-4)
+    target_entropy = -1.0  # "auto": minus Pendulum's one action dimension
+    assert float(loss.target_entropy) == target_entropy
+    expected = -0.5 * (log_prob + target_entropy).mean()
+    assert float(out["loss_alpha"]) == pytest.approx(float(expected), rel=1e-4)
+    both = -0.5 * (torch.cat([c[2] for c in sampled]) + target_entropy).mean()
+    assert float(out["loss_alpha"]) != pytest.approx(float(both), rel=1e-3)  # the batch tells them apart
+
+
+def _flops(fn, *args) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn(*args)
+    return counter.get_total_flops()
+
+
+def test_redq_critic_only_steps_skip_the_actor_term_and_make_the_same_updates():
+    """At UTD 20, 19 of 20 steps train only the critics: they run the critics' term alone (N + M critic passes and
+    one actor pass per sample, counted in multiply-adds) instead of the whole loss (2N + M critic passes: the actor's
+    term runs its actions through all N critics), and end with the same networks, step for step, as a learner that
+    runs the whole loss every step."""
+    from dataclasses import replace
+
+    cfg, env, parts, batch = smoke_parts("redq", "optim.batch_size=32")
+    loss, n, m, b = parts.loss, cfg.redq.num_qvalue_nets, cfg.redq.sub_sample_len, 32
+
+    def row_flops(network):
+        return sum(2 * layer.in_features * layer.out_features for layer in network.modules()
+                   if isinstance(layer, torch.nn.Linear))
+
+    critic, actor = row_flops(loss.qvalue_network), row_flops(loss.actor_network)
+    sample = batch[:b]
+    assert _flops(loss.qvalue_loss, sample.clone()) == b * ((n + m) * critic + actor)
+    assert _flops(loss.forward, sample.clone()) == b * ((2 * n + m) * critic + 2 * actor)
+
+    _, _, whole_parts, _ = smoke_parts("redq", "optim.batch_size=32")  # the same seed: the same networks
+    whole_parts = replace(whole_parts, critic_only=None)
+    learners = [make_learner(cfg, p, env.action_spec_unbatched, sample_shape=(b,)) for p in (parts, whole_parts)]
+    forwards = {id(p.loss): 0 for p in (parts, whole_parts)}
+    for p in (parts, whole_parts):
+        real = p.loss.forward
+
+        def counting(tensordict, real=real, key=id(p.loss)):
+            forwards[key] += 1
+            return real(tensordict)
+
+        p.loss.forward = counting
+    utd = int(cfg.optim.utd_ratio)
+    for step in range(utd):
+        sample = batch[torch.randperm(batch.shape[0])[:b]]
+        for learner in learners:
+            torch.manual_seed(step)
+            learner.step(sample.clone())
+    assert forwards == {id(parts.loss): 1, id(whole_parts.loss): utd}
+    for key, value in parts.loss.state_dict().items():
+        assert torch.equal(value, whole_parts.loss.state_dict()[key]), key
+    for name, optimizer in parts.optimizers.items():
+        assert _optimiser_steps(optimizer) == _optimiser_steps(whole_parts.optimizers[name])
+
+
+def test_redq_rejects_a_subset_as_large_as_the_ensemble(capsys):
+    """torchrl caps ``sub_sample_len`` at N - 1 without a word: the config check says so instead."""
+    from shared.config import ConfigError, run_cli
+
+    from offpolicy.train import main
+
+    with pytest.raises(ConfigError, match=r"^redq.sub_sample_len=10 is out of range; allowed: an integer from 1 to "
+                                          r"redq.num_qvalue_nets - 1 = 9$"):
+        compose_config(["algo=redq", "redq.sub_sample_len=10"])
+    compose_config(["algo=redq", "redq.sub_sample_len=4", "redq.num_qvalue_nets=5"])  # the largest allowed
+    with pytest.raises(SystemExit) as exited:
+        run_cli(main, ["algo=redq", "redq.num_qvalue_nets=3", "redq.sub_sample_len=3"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: redq.sub_sample_len=3 is out of range; allowed: an integer from 1 to redq.num_qvalue_nets - 1 = 2"]
+
+
+def test_clamped_batch_renorm_ends_its_warm_up():
+    """The renormalisation factor (read off the output: with momentum 0 the running statistics stay at 0 and 1, so
+    the output's mean is the factor times d = clamp(batch mean)) goes 0, 0, then 1 for ever with warmup_steps=2;
+    torchrl 0.14.1's own class goes 0, 0, 1, 1, 2, 2, 3, ... A counter restored from a checkpoint of that class
+    (far past the warm-up) gives 1 too."""
+    from offpolicy.algos.networks import ClampedBatchRenorm1d
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 4) * 2 + 3
+    layer = ClampedBatchRenorm1d(4, momentum=0.0, warmup_steps=2)
+    d = x.mean(0).clamp(-layer.max_d, layer.max_d)  # running mean 0, running std ~1
+    factors, stds = [], []
+    with torch.no_grad():
+        for _ in range(12):
+            out = layer(x)
+            factors.append(round(float((out.mean(0) / d).mean()), 3))
+            stds.append(out.std(0))
+    assert factors == [0.0, 0.0] + [1.0] * 10
+    assert all(torch.allclose(std, stds[2]) for std in stds[2:])  # the output's statistics stay put
+    assert int(layer.num_batches_tracked) <= layer.warmup_steps + 1
+    layer.num_batches_tracked.fill_(50)
+    with torch.no_grad():
+        assert float((layer(x).mean(0) / d).mean()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_double_dqn_evaluates_the_online_argmax_with_the_target_network():
+    """``dqn.double=true``: the target is ``r + gamma (1 - terminated) Q_target(s', argmax_a Q_online(s', a))``;
+    ``false``: ``... max_a Q_target(s', a)``. With the target network's actions swapped the two differ (double DQN's
+    is then min_a Q_online(s', a)), and each run's TD error (the loss writes ``(Q(s, a) - target)^2``) matches its own hand computation."""
+    targets = {}
+    for double in (True, False):
+        cfg, _, parts, batch = smoke_parts("dqn", f"dqn.double={str(double).lower()}")
+        loss = parts.loss
+        with torch.no_grad():
+            # the target network's output layer with its two actions swapped: Q_target(s, a) = Q_online(s, 1 - a)
+            target_params = loss.target_value_network_params.flatten_keys()
+            for suffix in ("weight", "bias"):
+                last = [k for k in target_params.keys() if k.endswith(suffix)][-1]
+                target_params[last].copy_(target_params[last].flip(0))
+            sample = batch.clone()
+            loss(sample)
+
+            def q_values(params, observation):
+                with params.to_module(loss.value_network):
+                    return loss.value_network.module[0](observation)  # QValueActor: the Q network, then argmax
+
+            online = q_values(loss.value_network_params, batch["next", "observation"])
+            target = q_values(loss.target_value_network_params, batch["next", "observation"])
+            q_taken = (q_values(loss.value_network_params, batch["observation"]) * batch["action"]).sum(-1)
+        next_value = target.gather(-1, online.argmax(-1, keepdim=True)).squeeze(-1) if double else target.max(-1).values
+        not_terminated = 1 - batch["next", "terminated"].squeeze(-1).float()
+        targets[double] = batch["next", "reward"].squeeze(-1) + cfg.loss.gamma * not_terminated * next_value
+        torch.testing.assert_close(sample["td_error"].squeeze(-1), (q_taken - targets[double]) ** 2)
+    different = (targets[True] - targets[False]).abs() > 1e-3
+    assert different.float().mean() > 0.9  # wherever the two Q values differ
 
 
 def test_adding_an_algorithm_needs_no_registry_edit():
     """The registry is every module of the package but its shared ones."""
     package = REPO / "offpolicy" / "algos"
     modules = {p.stem for p in package.glob("*.py")} - {"__init__", "base", "networks", "policies"}
-    assert set(ALGORITHMS) == modules == {"dqn", "sac", "td3", "ddpg", "crossq", "redq"}
+    assert set(ALGORITHMS) == modules and len(modules) >= 6
 
 
 @pytest.mark.parametrize("name,shape_override", [("crossq", "crossq.policy_delay=2"),

@@ -7,6 +7,7 @@ import pytest
 import torch
 from offpolicy_helpers import train_inprocess
 
+from offpolicy.algos import ALGOS
 from offpolicy.evaluate import main
 
 
@@ -61,10 +62,11 @@ def test_bad_arguments_are_one_error_line_and_exit_2(args, message, capsys):
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
 
-@pytest.mark.parametrize("algo", ["sac", "crossq", "redq"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_the_eval_policy_is_deterministic_whatever_the_exploration_type(algo):
     """tensordict keeps the exploration type process-wide and the learner's losses set RANDOM while the evaluator's
-    thread plays: the stochastic actors' eval policy gives the DETERMINISTIC actions under any setting."""
+    thread plays: every algorithm's eval policy (the stochastic actors' deterministic sample, the greedy Q network,
+    the deterministic actor without its noise) gives the DETERMINISTIC actions under any setting."""
     from offpolicy_helpers import smoke_parts
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 

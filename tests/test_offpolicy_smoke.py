@@ -4,18 +4,26 @@ from __future__ import annotations
 import pytest
 from offpolicy_helpers import run_cli, summary
 
+from offpolicy.algos import ALGOS, algorithm
+from offpolicy.config import compose_config
 from shared.logging import read_scalars
 
-# algo -> optimiser steps per 100-frame smoke batch (utd_ratio x env_steps_per_batch; DQN's utd is 0.5; REDQ's 20
-# is cut to 1 here to keep CI short: tests/test_offpolicy_algos.py steps it at 20)
-STEPS = {"dqn": 50, "sac": 100, "ddpg": 100, "td3": 100, "crossq": 100, "redq": 100}
+# every registered algorithm runs; REDQ's UTD of 20 is cut to 1 here to keep CI short (tests/test_offpolicy_algos.py
+# steps it at 20)
 OVERRIDES = {"redq": ["optim.utd_ratio=1"]}
 
 
-@pytest.mark.parametrize("algo", sorted(STEPS))
+def test_smoke_overrides_name_registered_algorithms():
+    assert set(OVERRIDES) <= set(ALGOS)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
 def test_smoke_run(algo, tmp_path):
     run_dir = tmp_path / algo
-    proc = run_cli(f"algo={algo}", "profile=smoke", *OVERRIDES.get(algo, []), f"run_dir={run_dir}")
+    args = [f"algo={algo}", "profile=smoke", *OVERRIDES.get(algo, [])]
+    cfg, _ = compose_config(args)
+    steps_per_batch = round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)
+    proc = run_cli(*args, f"run_dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "UTD" in proc.stdout  # the update-to-data ratio is printed at start
     s = summary(run_dir)
@@ -24,13 +32,14 @@ def test_smoke_run(algo, tmp_path):
     assert s["env_steps"] == 300 and s["batches"] == 3 and s["replay_writes"] == 300
     assert s["policy_version"] == 3
     assert s["compile_recompiles"] is None  # eager learner (compiled runs: tests/test_offpolicy_compile.py)
-    assert s["optim_steps"] == 2 * STEPS[algo]
-    assert s["env"] == ("CartPole-v1" if algo == "dqn" else "HalfCheetah-v5")
-    for name in ("loss/grad_norm_q" if algo == "dqn" else "loss/grad_norm_critic", "collector/env_steps_per_s", "replay/action_std",
-                 "time/env_steps_per_s", "train/optim_steps", "eval/return"):
+    assert s["optim_steps"] == 2 * steps_per_batch > 0
+    assert s["env"] == cfg.env.name  # the algorithm's default env
+    discrete = algorithm(algo).discrete
+    for name in ("loss/grad_norm_q" if discrete else "loss/grad_norm_critic", "collector/env_steps_per_s",
+                 "replay/action_std", "time/env_steps_per_s", "train/optim_steps", "eval/return"):
         steps, values = read_scalars(run_dir, name)
         assert steps, f"{name} was never logged"
-    if algo != "dqn":
+    if not discrete:
         _, saturation = read_scalars(run_dir, "replay/action_saturation")
         assert all(0.0 <= v <= 1.0 for v in saturation)
         assert read_scalars(run_dir, "replay/action_std_5")[0]  # per-dimension std (HalfCheetah has 6 dims)

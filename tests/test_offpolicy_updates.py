@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from offpolicy_helpers import smoke_parts
+from omegaconf import OmegaConf
 
+from offpolicy.algos import ALGOS
 from offpolicy.builder import Builder
 from offpolicy.learner import make_learner
 from offpolicy.config import compose_config
@@ -179,19 +181,22 @@ def test_td3_target_smoothing_noise_is_per_action_dimension():
     assert not {"policy_noise", "noise_clip"} & set(loss.state_dict())
 
 
-@pytest.mark.parametrize("algo", ["dqn", "sac", "ddpg", "td3"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_priorities_are_abs_td_error_for_every_algorithm(algo):
-    """With every Q network zero (and SAC's temperature ~0), the TD error of a transition is its reward: each
+    """With every Q network zero (and an entropy temperature ~0), the TD error of a transition is its reward: each
     algorithm must give it the priority (|r| + eps)^alpha (Schaul et al.), not r^2 (torchrl's DQN, DDPG and TD3
     losses write the squared error)."""
     from offpolicy.replay import make_replay_buffer
 
-    sac = ["sac.alpha_init=1e-9", "sac.fixed_alpha=true"] if algo == "sac" else []
-    cfg, parts, batch = _parts(algo, "replay.prioritized=true", "replay.alpha=0.5", *sac)
-    networks = "value_network" if algo in ("dqn", "ddpg") else "qvalue_network"
-    for params in (getattr(parts.loss, f"{networks}_params"), getattr(parts.loss, f"target_{networks}_params")):
-        for p in params.flatten_keys().values():
-            p.data.zero_()
+    temperature = [f"{algo}.alpha_init=1e-9", f"{algo}.fixed_alpha=true"]
+    has_temperature = OmegaConf.select(compose_config([f"algo={algo}"])[0], f"{algo}.alpha_init") is not None
+    cfg, parts, batch = _parts(algo, "replay.prioritized=true", "replay.alpha=0.5",
+                               *(temperature if has_temperature else []))
+    # every network but the actor (and its target): the Q networks, their targets, CrossQ's normalisation
+    for name, params in parts.loss.named_children():
+        if name.endswith("network_params") and "actor" not in name:
+            for p in params.flatten_keys().values():
+                p.data.zero_()
     learner = _learner(cfg, parts)
     replay = make_replay_buffer(cfg)
     batch["next", "reward"] = torch.linspace(0.5, 3.0, batch.numel()).reshape(batch["next", "reward"].shape)

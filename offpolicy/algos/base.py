@@ -58,7 +58,7 @@ class AlgoParts:
     #                           whether its steps move the target networks (TD3: only the actor's)
     target_updater: TargetUpdate | None  # None: the loss has no target networks (CrossQ)
     # on steps where only the critic is due: ``sample -> (critic loss, |TD error| per sample)``, skipping the actor
-    # loss's forward (TD3, CrossQ); None: the whole loss every step
+    # loss's forward (TD3, CrossQ, REDQ); None: the whole loss every step
     critic_only: Callable[[object], tuple[torch.Tensor, torch.Tensor]] | None = None
     critic_loss_key: str = "loss_qvalue"
     td_error_squared: bool = True  # torchrl's DQN, DDPG and TD3 losses write (delta)^2 as "td_error", SAC |delta|
@@ -89,6 +89,8 @@ class Algorithm:
     added_keys: dict[str, object] = field(default_factory=dict)
     renamed_keys: dict[str, str] = field(default_factory=dict)  # old key -> current key (old checkpoints, old CLIs)
     shape_keys: tuple[str, ...] = ()  # its keys that shape its networks: a resume cannot change them
+    # checks across its keys (a ConfigError for what the per-key rules cannot see), after the rules
+    check: Callable[[DictConfig], None] | None = None
 
     def check_actions(self, env_name: str, action_spec) -> None:
         """The env's actions suit the algorithm: discrete (one-hot) or bounded continuous; a ConfigError otherwise.

@@ -3,8 +3,9 @@ renormalise their input and their hidden layers and see the current and the next
 pass (so both share the batch statistics); the actor and the temperature step every ``crossq.policy_delay`` critic
 steps; Adam with beta1 = 0.5; UTD 1. The recipe is torchrl's sota-implementations/crossq (lr 1e-3, betas (0.5,
 0.999), policy delay 3, BatchRenorm momentum 0.01), with the input normalisation of the authors' SBX critic: without
-it the critic did not learn Pendulum here (-770 after 20k env steps; with it -239 at 6k). The actor has no
-normalisation, so collection and evaluation need no train/eval switch."""
+it the critic did not learn Pendulum here (-770 after 20k env steps; with it -239 at 6k). The batch renormalisation
+is torchrl's with its warm-up ending (networks.ClampedBatchRenorm1d). The actor has no normalisation, so collection
+and evaluation need no train/eval switch."""
 from __future__ import annotations
 
 from functools import partial
@@ -16,12 +17,12 @@ from shared.config import Rule
 
 
 def build(cfg, env) -> AlgoParts:
-    from torchrl.modules import BatchRenorm1d
     from torchrl.objectives import CrossQLoss
 
     obs_spec, action_spec = nets.specs(env)
     actor = nets.tanh_normal_actor(cfg.model, obs_spec, action_spec)
-    norm = partial(BatchRenorm1d, momentum=cfg.crossq.renorm_momentum, warmup_steps=cfg.crossq.renorm_warmup_steps)
+    norm = partial(nets.ClampedBatchRenorm1d, momentum=cfg.crossq.renorm_momentum,
+                   warmup_steps=cfg.crossq.renorm_warmup_steps)
     critic = nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1], norm=norm)
     nets.before_losses()
     loss = nets.with_value_estimator(cfg.loss, CrossQLoss(

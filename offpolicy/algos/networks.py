@@ -10,6 +10,7 @@ import torch
 from omegaconf import DictConfig
 from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequential
 from torch import nn
+from torchrl.modules import BatchRenorm1d
 
 from offpolicy.updates import OptimGroup, TargetUpdate
 from shared import compat
@@ -59,6 +60,26 @@ def obs_net(model: DictConfig, obs_spec, out_features: int) -> nn.Module:
     """``observation -> out_features``: features (for images, a conv encoder) then the configured MLP."""
     extractor, width = features(obs_spec)
     return nn.Sequential(extractor, mlp(width, out_features, hidden(model), activation(model)))
+
+
+class ClampedBatchRenorm1d(BatchRenorm1d):
+    """torchrl's ``BatchRenorm1d`` whose warm-up ends: the renormalisation factor goes 0 -> 1 over ``warmup_steps``
+    training calls and stays 1. Why: torchrl 0.14.1 (torchrl/modules/models/batchrenorm.py line 114) writes
+    ``self.num_batches_tracked.clamp_max(self.warmup_steps)`` and discards the result, so the counter grows without
+    bound and the factor ``num_batches_tracked // warmup_steps`` with it: past twice the warm-up the r and d
+    corrections are doubled, tripled, ... Clamping in place before the forward (also a counter restored from a
+    checkpoint of the unclamped class) keeps the factor at most 1, and stays correct if torchrl clamps too."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.num_batches_tracked.clamp_max_(self.warmup_steps)
+        return super().forward(x)
+
+
+def running_statistics(module: nn.Module) -> list[torch.Tensor]:
+    """The running means and variances of ``module``'s normalisation layers (a torchrl loss keeps its networks'
+    buffers beside their parameters), which each forward in training mode moves with its own batch: what learner
+    ranks average besides the gradients."""
+    return [b for name, b in module.named_buffers() if name.endswith(("running_mean", "running_var"))]
 
 
 class QHead(nn.Module):

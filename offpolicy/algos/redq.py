@@ -4,19 +4,88 @@ update-to-data ratio (the paper's 20), and the actor and the temperature steppin
 (every ``utd_ratio`` critic steps), as the paper's Algorithm 1."""
 from __future__ import annotations
 
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.modules.distributions.utils import rsample_and_log_prob
+from torchrl.objectives import REDQLoss
+from torchrl.objectives.utils import distance_loss
+
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import DeterministicActor
-from shared.config import Rule
+from shared.config import ConfigError, Rule
+
+
+class SplitREDQLoss(REDQLoss):
+    """torchrl's ``REDQLoss`` (its ensemble, target networks, temperature and value estimator) with the loss written
+    as the critics' term (:meth:`qvalue_loss`) then the actor's and the temperature's (:meth:`forward`). Why, against
+    torchrl 0.14.1's one ``forward``: its temperature loss averaged the log-probabilities of the actions sampled at the
+    current and at the next states (the paper's: current states only); it ran the actor's term through all critics on
+    every step, also on the steps where only the critics learn (19 of 20 at UTD 20), where the learner now calls
+    :meth:`qvalue_loss` alone; and it dropped ``steps_to_next_obs``, so n-step targets were discounted by gamma once.
+    The critics' term draws its random numbers first, so a critic-only step and a whole step make the same critic
+    update from the same random state."""
+
+    def _policy(self, params: TensorDictBase, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """An action sampled (reparameterised) by the actor with ``params`` at ``observation``, and its log-prob."""
+        with params.to_module(self.actor_network, preserve_module_state=False):
+            return rsample_and_log_prob(self.actor_network.distribution(observation))
+
+    def _critics(self, params: TensorDictBase, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Q values ``[K, *batch]`` of the K critics stacked in ``params`` at the same state-action pairs."""
+        def one(critic_params, observation, action):
+            with critic_params.to_module(self.qvalue_network, preserve_module_state=False):
+                return self.qvalue_network.module(observation, action).squeeze(-1)
+
+        return torch.vmap(one, (0, None, None))(params, observation, action)
+
+    def qvalue_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The critics' term: each of the N critics regresses on ``r + gamma^k (min_i Q'_i(s', a') - alpha log
+        pi(a'|s'))`` (no bootstrap past a terminal step; ``k``: n-step replay's ``steps_to_next_obs``), the minimum
+        over ``sub_sample_len`` target critics ``i`` drawn for this step, ``a' ~ pi(s')``. Returns the loss and ``td_error`` (squared, ``[N, *batch]``), ``target_value`` and the ``drawn`` critics."""
+        observation, action = tensordict.get("observation"), tensordict.get(self.tensor_keys.action)
+        drawn = torch.randperm(self.num_qvalue_nets)[: self.sub_sample_len]
+        with torch.no_grad():
+            next_observation = tensordict.get(("next", "observation"))
+            next_action, next_log_prob = self._policy(self.actor_network_params, next_observation)
+            next_q = self._critics(self.target_qvalue_network_params[drawn], next_observation, next_action)
+            next_value = (next_q - self.alpha * next_log_prob).min(0).values
+            target = self.value_estimator.value_estimate(tensordict, next_value=next_value.unsqueeze(-1)).squeeze(-1)
+        q = self._critics(self.qvalue_network_params, observation, action)
+        loss = distance_loss(q, target.expand_as(q), loss_function=self.loss_function).mean()
+        td_error = (q - target).pow(2).detach()
+        return loss, {"td_error": td_error, "target_value": target, "drawn": drawn}
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        """The critics' term, then the actor's (``alpha log pi(a|s) - Q_i(s, a)`` averaged over all N critics, whose
+        parameters it does not train) and the temperature's (``-alpha (log pi(a|s) + target entropy)``) at actions
+        ``a ~ pi(s)`` sampled at the current states. Writes the priority (the largest squared TD error) into
+        ``tensordict``."""
+        loss_qvalue, metadata = self.qvalue_loss(tensordict)
+        tensordict.set(self.tensor_keys.priority, metadata["td_error"].max(0).values)
+        observation = tensordict.get("observation")
+        action, log_prob = self._policy(self.actor_network_params, observation)
+        q = self._critics(self.qvalue_network_params.detach(), observation, action)
+        alpha = self.alpha
+        loss_actor = (alpha * log_prob - q).mean()
+        loss_alpha = (-self.log_alpha.exp() * (log_prob.detach() + self.target_entropy)).mean()
+        return TensorDict({"loss_actor": loss_actor, "loss_qvalue": loss_qvalue, "loss_alpha": loss_alpha,
+                           "alpha": alpha, "entropy": -log_prob.detach().mean()}, [])
+
+
+def check(cfg) -> None:
+    """``redq.sub_sample_len`` draws from the ensemble and leaves a critic out (torchrl would cap it silently)."""
+    n, m = cfg.redq.num_qvalue_nets, cfg.redq.sub_sample_len
+    if not m < n:
+        raise ConfigError(f"redq.sub_sample_len={m} is out of range; allowed: an integer from 1 to "
+                          f"redq.num_qvalue_nets - 1 = {n - 1}")
 
 
 def build(cfg, env) -> AlgoParts:
-    from torchrl.objectives import REDQLoss
-
     obs_spec, action_spec = nets.specs(env)
     actor = nets.tanh_normal_actor(cfg.model, obs_spec, action_spec)
     nets.before_losses()
-    loss = nets.with_value_estimator(cfg.loss, REDQLoss(
+    loss = nets.with_value_estimator(cfg.loss, SplitREDQLoss(
         actor, nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1]), num_qvalue_nets=cfg.redq.num_qvalue_nets,
         sub_sample_len=cfg.redq.sub_sample_len, loss_function=cfg.loss.function, alpha_init=cfg.redq.alpha_init,
         # torchrl clamps alpha to [0.1, 10] by default; the paper tunes it freely (Pendulum settles near 0.02)
@@ -32,6 +101,7 @@ def build(cfg, env) -> AlgoParts:
         collect_policy=actor, eval_policy=DeterministicActor(actor), exploration=None, loss=loss,
         groups=groups + nets.alpha_group(cfg.compile, loss, cfg.redq, every=actor_every),
         target_updater=nets.target_updater(cfg.target, loss),
+        critic_only=nets.critic_only(loss.qvalue_loss, ensemble_td_error=True),
         exploration_value=nets.alpha_value(loss),
     )
 
@@ -40,4 +110,5 @@ ALGORITHM = Algorithm(
     name="redq", discrete=False, smoke_env="Pendulum-v1", build=build, shape_keys=("redq.num_qvalue_nets",),
     rules={"redq.alpha_init": Rule(min=1e-9), "redq.alpha_lr": Rule(min=1e-12),
            "redq.num_qvalue_nets": Rule(min=2, integer=True), "redq.sub_sample_len": Rule(min=1, integer=True)},
+    check=check,
 )

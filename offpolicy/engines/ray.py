@@ -107,8 +107,7 @@ class LearnerRank:
         self.parts.loss.to(self.device)
         self.replay = replay
         self.learner = builder.learner(self.parts, specs.action_spec_unbatched, world_size=world_size,
-                                       grad_sync=partial(average_gradients, world_size=world_size) if world_size > 1
-                                       else None,
+                                       grad_sync=rank_sync(self.parts.loss, world_size) if world_size > 1 else None,
                                        chunk=max(cfg.ray.prefetch, 1), device=self.device,
                                        overlap_sampling=True)  # the replay actor's ~10 ms calls hide behind learning
         # each rank draws its own samples and noise, from the run's seed (a resumed run's is new: new draws)
@@ -145,16 +144,17 @@ class LearnerRank:
         self.learner.load_state_dict(state)
 
 
-def average_gradients(params: list[torch.Tensor], world_size: int) -> None:
+def average_gradients(params: list[torch.Tensor], world_size: int, buffers: list[torch.Tensor] = ()) -> None:
     """Replace each parameter's gradient by its mean over the ``world_size`` ranks of the default process group (what
-    DDP does), in one all-reduce. A parameter without a gradient keeps none, as in the local engine (every rank runs
-    the same loss, so the same ones lack it): a zero there would still move it through Adam's momentum."""
+    DDP does), and each of ``buffers`` (running statistics) by its mean in place, in one all-reduce. A parameter
+    without a gradient keeps none, as in the local engine (every rank runs the same loss, so the same ones lack it):
+    a zero there would still move it through Adam's momentum."""
     import torch.distributed as dist
 
     with_grad = [p for p in params if p.grad is not None]
-    if not with_grad:
+    if not with_grad and not buffers:
         return
-    flat = torch.cat([p.grad.reshape(-1) for p in with_grad])
+    flat = torch.cat([p.grad.reshape(-1) for p in with_grad] + [b.reshape(-1) for b in buffers])
     dist.all_reduce(flat)
     flat /= world_size
     offset = 0
@@ -162,6 +162,19 @@ def average_gradients(params: list[torch.Tensor], world_size: int) -> None:
         n = p.numel()
         p.grad = flat[offset:offset + n].view_as(p)
         offset += n
+    for b in buffers:
+        n = b.numel()
+        b.copy_(flat[offset:offset + n].view_as(b))
+        offset += n
+
+
+def rank_sync(loss, world_size: int):
+    """A learner rank's ``grad_sync``: the gradients and the loss's running statistics (CrossQ's batch
+    renormalisation, which every rank's forward moves with its own samples) averaged over the ranks on every step, so
+    the ranks keep equal networks."""
+    from offpolicy.algos.networks import running_statistics
+
+    return partial(average_gradients, world_size=world_size, buffers=running_statistics(loss))
 
 
 def _to_cpu(tree):
