@@ -182,9 +182,9 @@ def test_redq_temperature_loss_uses_the_current_states_actions_only(monkeypatch)
     target_entropy = -1.0  # "auto": minus Pendulum's one action dimension
     assert float(loss.target_entropy) == target_entropy
     expected = -0.5 * (log_prob + target_entropy).mean()
-    assert float(out["loss_alpha"]) == pytest.approx(float(expected), rel=1e-4)
+    assert out["loss_alpha"].item() == pytest.approx(float(expected), rel=1e-4)
     both = -0.5 * (torch.cat([c[2] for c in sampled]) + target_entropy).mean()
-    assert float(out["loss_alpha"]) != pytest.approx(float(both), rel=1e-3)  # the batch tells them apart
+    assert out["loss_alpha"].item() != pytest.approx(float(both), rel=1e-3)  # the batch tells them apart
 
 
 def _flops(fn, *args) -> int:
