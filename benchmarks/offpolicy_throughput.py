@@ -9,7 +9,9 @@ to compare with its 4,315 steps/s).
 ``threads`` is the engine's torch threads (default 2: the whole machine, as the reference uses). Any further
 ``key=value`` whose key has a dot (``compile.enabled=true``) is passed on to the engine's ``python -m offpolicy.train``
 command line after the case's own settings (so it wins), e.g. to measure the compiled learner; the reference is
-unchanged. They are recorded as ``overrides`` in the results.
+unchanged. Without a ``compile.enabled=`` the run takes the path the case's full-length default command takes
+(``compile.enabled=auto`` decided on its whole run, not on the short slice measured here). Every line records the
+overrides the engine ran with (``overrides``).
 
 Each engine run is a fresh ``python -m offpolicy.train`` with evaluation off and metrics logged every batch; its
 figures are learning-phase env steps (or updates) over the wall time of those batches (collection + learning), and
@@ -29,7 +31,7 @@ per-pair lines carry ``"pair": i``; the case's figures are the summary lines aft
 ``ratio_to_reference_min`` / ``_max`` (the spread; a wide one means the machine was busy, so measure again).
 
 Prints JSON lines and appends them to benchmarks/results/offpolicy_throughput.jsonl (with the time, env_steps,
-threads, overrides and host; summary lines also carry ``pairs``).
+threads and host; summary lines also carry ``pairs``).
 """
 from __future__ import annotations
 
@@ -55,8 +57,9 @@ CASES = {
     "td3": ["algo=td3", "env=HalfCheetah-v5", *COMMON],
     "ddpg": ["algo=ddpg", "env=HalfCheetah-v5", *COMMON],
     "dqn": ["algo=dqn", "env=CartPole-v1", *COMMON],
+    # CleanRL dqn.py's settings, its budget (total_timesteps 500k, which the measured slice cuts short) included
     "dqn-cleanrl": ["algo=dqn", "env=CartPole-v1", *COMMON, "optim.utd_ratio=0.1", "optim.batch_size=128",
-                    "model.hidden=[120,84]"],
+                    "model.hidden=[120,84]", "total_env_steps=500000"],
 }
 PREFILL = 1000  # collector.prefill_env_steps in COMMON
 # benchmarks/offpolicy_reference.py arguments of each case (same algorithm, UTD, batch and hidden sizes)
@@ -101,6 +104,19 @@ def measure(name: str, env_steps: int, threads: int, overrides: list[str]) -> di
             "learning_env_steps": len(learning) * batch}
 
 
+def default_compile(name: str, overrides: list[str]) -> list[str]:
+    """``compile.enabled=`` as the case's full-length default run decides it (offpolicy/compiling.py: ``auto`` looks
+    at the whole run's planned optimiser steps, which this benchmark's short slice would not reach), unless
+    ``overrides`` set it: so a run without a compile flag measures the path the default command takes."""
+    if any(o.startswith("compile.enabled=") for o in overrides):
+        return []
+    from offpolicy.compiling import compile_choice
+    from offpolicy.config import compose_config
+
+    cfg, _ = compose_config([*CASES[name], *overrides])
+    return [f"compile.enabled={str(compile_choice(cfg).enabled).lower()}"]
+
+
 def measure_reference(name: str, steps: int) -> float:
     """env steps/s of the plain-PyTorch reference for case ``name`` over ``steps`` learning-phase steps, in a fresh
     process (its own torch threads)."""
@@ -126,7 +142,7 @@ def main(argv: list[str]) -> None:
     out = ROOT / "benchmarks" / "results" / "offpolicy_throughput.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-    meta = {"time": stamp, "env_steps": env_steps, "threads": threads, "overrides": overrides, "host": platform.node()}
+    meta = {"time": stamp, "env_steps": env_steps, "threads": threads, "host": platform.node()}
 
     def emit(name: str, metric: str, value: float, unit: str, **extra) -> None:
         digits = 3 if metric.startswith("ratio_to_reference") else 1
@@ -137,19 +153,21 @@ def main(argv: list[str]) -> None:
             f.write(json.dumps({**line, **meta}) + "\n")
 
     for name in names:
+        case_overrides = [*overrides, *default_compile(name, overrides)]
         runs = []
         for pair in range(pairs):  # alternated: engine, reference, engine, reference, ...
-            r = measure(name, env_steps, threads, overrides)
+            r = measure(name, env_steps, threads, case_overrides)
             r["reference_env_steps_per_s"] = measure_reference(name, r["learning_env_steps"])
             r["ratio_to_reference"] = r["env_steps_per_s"] / r["reference_env_steps_per_s"]
             runs.append(r)
             for metric, unit in METRICS:
-                emit(name, metric, r[metric], unit, pair=pair)
+                emit(name, metric, r[metric], unit, pair=pair, overrides=case_overrides)
         for metric, unit in METRICS:
-            emit(name, f"{metric}_median", statistics.median(r[metric] for r in runs), unit, pairs=pairs)
+            emit(name, f"{metric}_median", statistics.median(r[metric] for r in runs), unit, pairs=pairs,
+                 overrides=case_overrides)
         ratios = [r["ratio_to_reference"] for r in runs]
-        emit(name, "ratio_to_reference_min", min(ratios), "x", pairs=pairs)
-        emit(name, "ratio_to_reference_max", max(ratios), "x", pairs=pairs)
+        emit(name, "ratio_to_reference_min", min(ratios), "x", pairs=pairs, overrides=case_overrides)
+        emit(name, "ratio_to_reference_max", max(ratios), "x", pairs=pairs, overrides=case_overrides)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from offpolicy import envs, replay
 from offpolicy.algos import AlgoParts, algorithm
 from offpolicy.algos.base import ActsOnTensors
+from offpolicy.compiling import compile_choice
 from offpolicy.learner import SAMPLE_CHUNK, Learner, make_learner
 
 
@@ -45,7 +46,7 @@ class Builder:
         its share): our :class:`~offpolicy.collection.LeanCollector` where it applies (then seeded ``seed``, default
         ``cfg.seed``, and ``env`` gives only its specs and observation statistics), else torchrl's ``Collector``
         (with the policy on ``policy_device``: a Ray collector's GPU). Transitions carry the ``policy_version`` they
-        were collected with (bumped by every weight publication). With ``compile.enabled`` the policy runs under
+        were collected with (bumped by every weight publication). When the run compiles the policy runs under
         torch.compile too (one CartPole step of DQN's TensorDict policy: ~70 against ~120 µs, one check on a busy
         machine), except a policy the lean collector runs on plain tensors (DQN's: ~40 µs eager)."""
         from offpolicy.collection import LeanCollector, lean_collection
@@ -53,14 +54,14 @@ class Builder:
         cfg = self.cfg
         steps = cfg.collector.env_steps_per_batch if env_steps_per_batch is None else env_steps_per_batch
         if lean_collection(cfg):
-            if cfg.compile.enabled and not isinstance(policy, ActsOnTensors):  # a tensor path runs eager
+            if compile_choice(cfg).enabled and not isinstance(policy, ActsOnTensors):  # a tensor path runs eager
                 policy = torch.compile(policy, mode=cfg.compile.mode)
             return LeanCollector(cfg, env, policy, cfg.seed if seed is None else seed, envs.obs_norm_state(env), steps)
         from torchrl.collectors import Collector
         from torchrl.envs.llm.transforms import PolicyVersion
         from torchrl.envs.utils import ExplorationType
 
-        compiled = ({"mode": cfg.compile.mode} if cfg.compile.mode else True) if cfg.compile.enabled else False
+        compiled = ({"mode": cfg.compile.mode} if cfg.compile.mode else True) if compile_choice(cfg).enabled else False
         # an explicit PolicyVersion: track_policy_version=True refuses batched (Serial/Parallel) envs
         return Collector(env, policy, frames_per_batch=steps, total_frames=-1,
                          exploration_type=ExplorationType.RANDOM, track_policy_version=PolicyVersion(),

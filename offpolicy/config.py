@@ -72,6 +72,8 @@ RULES = {
     "logger.interval_s": Rule(min=0),
     "checkpoint.interval_s": Rule(min=0),
     "invariants.check_every": Rule(min=1, integer=True),
+    "compile.enabled": Rule(choices=("auto", True, False)),
+    "compile.auto_min_optim_steps": Rule(min=0, integer=True),
     "compile.mode": Rule(choices=COMPILE_MODES, nullable=True),
     "optim.replay_ratio": Rule(min=1e-12, nullable=True),
     "engine": Rule(choices=tuple(ENGINES)),
@@ -159,7 +161,7 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, Checkpoint | None]:
     if cfg.optim.replay_ratio is not None and abs(ratio - cfg.optim.replay_ratio) > 1e-6 * ratio:
         raise ConfigError(f"optim.replay_ratio={cfg.optim.replay_ratio} is not allowed; allowed: optim.batch_size * "
                           f"optim.utd_ratio = {ratio:g} (or null)")
-    if cfg.compile.cudagraphs and not (cfg.compile.enabled and cfg.engine == "ray" and cfg.ray.backend == "nccl"
+    if cfg.compile.cudagraphs and not (cfg.compile.enabled is True and cfg.engine == "ray" and cfg.ray.backend == "nccl"
                                        and cfg.ray.world_size == 1):
         raise ConfigError("compile.cudagraphs=true is not allowed here; allowed: with compile.enabled=true on a CUDA "
                           "learner (engine=ray ray.backend=nccl ray.world_size=1)")

@@ -6,15 +6,18 @@ One step: sample, check the sample (shape, keys, no transition from a policy new
 torchrl loss, one backward of the due optimisers' terms, each due optimiser clips its own gradients to its own norm
 and steps, the target networks move, and the TD error is written back as the replay priority (prioritized replay).
 
-With ``compile.enabled`` the loss's forward and backward run under ``torch.compile``, one compiled function (and code
+When the run compiles (``compile.enabled``, offpolicy/compiling.py) the loss's forward and backward run under ``torch.compile``, one compiled function (and code
 object, so one cache of graphs) per kind of step (TD3: critic only, or critic + actor), by default guarded on its
 tensors and global switches only (``compile.skip_guards``), and with ``compile.cudagraphs`` the whole step (forward, backward,
 clips, optimiser steps, soft target update) is replayed as a CUDA graph (tensordict's ``CudaGraphModule``).
 Recompilations of the learner's own step functions after the warm-up steps are counted (:attr:`Learner.recompiles`).
+A compiled step that fails to compile falls back to eager, with one warning line.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import sys
 import types
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +28,7 @@ from typing import Callable
 import torch
 from tensordict import TensorDictBase
 
+from offpolicy.compiling import compile_choice, describe_failure
 from offpolicy.invariants import InvariantError, check_sample_batch
 from offpolicy.metrics import action_stats
 from offpolicy.updates import OptimGroup, TargetUpdate
@@ -208,13 +212,33 @@ class Learner:
         self.due = [g for g in self.groups if self.steps % g.every == 0]
         targets_due = self.target_updater is not None and any(g.moves_targets for g in self.due)
         soft = targets_due and self.target_updater.soft
-        losses = self._step_function(tuple(g.name for g in self.due), soft)(sample)
+        kind = (tuple(g.name for g in self.due), soft)
+        try:
+            losses = self._step_function(*kind)(sample)
+        except Exception as exc:
+            if not self.compile.enabled or self.compile.cudagraphs:
+                raise
+            self._fall_back_to_eager(exc)  # then the same step eagerly: a failure of its own is raised
+            losses = self._step_function(*kind)(sample)
         if targets_due and self.target_updater.tick() and not soft:
             self.target_updater.move_()  # a hard copy every hard_every updates: eager, outside the compiled step
         for key, value in losses.items():
             self._latest[key] = value
         self._count_graphs()
         return self._latest
+
+    def _fall_back_to_eager(self, exc: Exception) -> None:
+        """A compiled step failed (a compiler error, an op the platform cannot compile): every kind of step runs eager
+        from now on. The failed step made no optimiser step (compilation fails in the forward or the backward), and the
+        gradients it may have left are dropped."""
+        print(f"warning: the compiled learner step failed ({describe_failure(exc)}); the learner runs eager from here",
+              file=sys.stderr, flush=True)
+        for group in self.groups:
+            group.optimizer.zero_grad(set_to_none=True)
+        self.compile = dataclasses.replace(self.compile, enabled=False)
+        self._step_fns.clear()
+        self._compiled_fns.clear()
+        self._compilations_after_warmup = None
 
     def _step_function(self, due: tuple[str, ...], soft_targets: bool):
         """``sample -> losses and gradient norms`` for one kind of step, built on first use."""
@@ -326,5 +350,5 @@ def make_learner(cfg, parts, action_spec, *, sample_shape: tuple[int, ...], grad
                    check_every=cfg.invariants.check_every, action_bounds=parts.action_bounds(action_spec),
                    grad_sync=grad_sync, device=device,
                    overlap_sampling=overlap_sampling and not cfg.replay.prioritized,
-                   compile=CompileOptions(enabled=cfg.compile.enabled, mode=cfg.compile.mode,
+                   compile=CompileOptions(enabled=compile_choice(cfg).enabled, mode=cfg.compile.mode,
                                           skip_guards=cfg.compile.skip_guards, cudagraphs=cfg.compile.cudagraphs))

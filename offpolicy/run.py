@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from offpolicy.algos import AlgoParts
 from offpolicy.checkpoint import Checkpoint
+from offpolicy.compiling import compile_choice
 from offpolicy.engines.base import Engine, LearnerLost
 from offpolicy.evaluate import AsyncEvaluator
 from offpolicy.invariants import InvariantError, RoundInvariants
@@ -28,13 +29,14 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
 
 
 def start_line(cfg: DictConfig, engine: Engine, run_dir: Path, progress: "Progress", resumed: bool) -> str:
-    """What a run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill, run
-    directory."""
+    """What a run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill, whether
+    the learner step is compiled and why, run directory."""
     return (f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser steps "
             f"per collected transition = {optim_steps_per_batch(cfg)} steps per "
             f"{cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
             f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
-            f"{cfg.collector.prefill_env_steps} env steps; run dir {run_dir}"
+            f"{cfg.collector.prefill_env_steps} env steps; learner step {compile_choice(cfg).describe()}; "
+            f"run dir {run_dir}"
             + (f"; resumed at {progress.env_steps} env steps" if resumed else ""))
 
 

@@ -45,7 +45,7 @@ class Rule:
     def describe(self) -> str:
         parts = []
         if self.choices is not None:
-            parts.append("one of " + ", ".join(map(str, self.choices)))
+            parts.append("one of " + ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in self.choices))
         else:
             parts.append("an integer" if self.integer else "a number")
             if self.min is not None:
@@ -56,11 +56,15 @@ class Rule:
             parts.append("or null")
         return " ".join(parts)
 
+    def allows(self, value: Any) -> bool:
+        """``value`` is one of ``choices``, of the same type (``1`` is not ``true``)."""
+        return self.choices is not None and any(type(value) is type(c) and value == c for c in self.choices)
+
     def validate(self, key: str, value: Any) -> None:
         if value is None and self.nullable:
             return
         if self.choices is not None:
-            if value not in self.choices:
+            if not self.allows(value):
                 raise ConfigError(f"{key}={value!r} is not allowed; allowed: {self.describe()}")
         elif self.min is not None or self.max is not None or self.integer:
             numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -235,7 +239,10 @@ def compose(
             raise ConfigError(f"unknown key '{key}'; {_suggest(cfg, key)}")
         if isinstance(old, DictConfig):
             raise ConfigError(f"'{key}' is a section; set one of its keys: {', '.join(f'{key}.{k}' for k in old)}")
-        value = _coerce(key, OmegaConf.to_container(old) if OmegaConf.is_config(old) else old, _parse_value(key, raw))
+        value = _parse_value(key, raw)
+        rule = (rules or {}).get(key)
+        if not (rule is not None and rule.allows(value)):  # a listed choice may differ in type from the default
+            value = _coerce(key, OmegaConf.to_container(old) if OmegaConf.is_config(old) else old, value)
         OmegaConf.update(cfg, key, value, merge=False)
     for key, rule in (rules or {}).items():
         rule.validate(key, OmegaConf.select(cfg, key))

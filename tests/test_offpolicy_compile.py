@@ -129,3 +129,109 @@ def test_a_compiled_run_reports_its_recompiles(tmp_path):
     assert s["status"] == "completed" and s["error"] is None and s["optim_steps"] == 100
     assert s["compile_recompiles"] == 0
     assert summary(tmp_path)["compile_recompiles"] == 0
+
+
+# --- compile.enabled=auto, and eager when torch.compile fails ------------------------------------------------------
+def _choice(*overrides):
+    from offpolicy.compiling import compile_choice
+    from offpolicy.config import compose_config
+
+    return compile_choice(compose_config(["algo=sac", "env=Pendulum-v1", *overrides])[0])
+
+
+@pytest.mark.parametrize("overrides, enabled, reason", [
+    (["profile=smoke"], False, "compile.enabled=auto: 100 planned optimiser steps < 25,000"),
+    (["total_env_steps=30000", "collector.prefill_env_steps=5000"], True,
+     "compile.enabled=auto: 25,000 planned optimiser steps >= 25,000"),
+    (["total_env_steps=29999", "collector.prefill_env_steps=5000"], False,
+     "compile.enabled=auto: 24,999 planned optimiser steps < 25,000"),
+    (["total_env_steps=55000", "collector.prefill_env_steps=5000", "optim.utd_ratio=0.5"], True,
+     "compile.enabled=auto: 25,000 planned optimiser steps >= 25,000"),
+    (["total_env_steps=30000", "collector.prefill_env_steps=5000", "compile.auto_min_optim_steps=25001"], False,
+     "compile.enabled=auto: 25,000 planned optimiser steps < 25,001"),
+    (["compile.enabled=false"], False, "compile.enabled=false"),
+    (["profile=smoke", "compile.enabled=true"], True, "compile.enabled=true"),
+])
+def test_auto_compiles_the_runs_long_enough_to_repay_it(overrides, enabled, reason):
+    """auto compiles from compile.auto_min_optim_steps planned optimiser steps ((total - prefill) * UTD) on; true and
+    false force either path."""
+    choice = _choice(*overrides)
+    assert (choice.enabled, choice.reason) == (enabled, reason)
+
+
+def test_the_default_commands_compile_and_smoke_runs_do_not():
+    """What a user gets without a compile flag: SAC's default (1M env steps), DQN's profile=atari (1M agent steps at
+    UTD 0.1) compile; every smoke profile stays eager."""
+    from offpolicy.compiling import compile_choice
+    from offpolicy.config import compose_config
+
+    for args in (["algo=sac"], ["algo=td3"], ["algo=dqn", "profile=atari"]):
+        assert compile_choice(compose_config(args)[0]).enabled, args
+    for algo in ALGOS:
+        assert not compile_choice(compose_config([f"algo={algo}", "profile=smoke"])[0]).enabled, algo
+
+
+@pytest.fixture
+def broken_compiler(monkeypatch):
+    """torch.compile raising as it does where inductor finds no C++ compiler; the probe's cached verdict is dropped
+    before and after."""
+    from offpolicy.compiling import compiler_failure
+
+    def compile_fails(*args, **kwargs):
+        raise RuntimeError("InductorError: no working C++ compiler found\n(a long compiler log)")
+
+    compiler_failure.cache_clear()
+    monkeypatch.setattr(torch, "compile", compile_fails)
+    yield
+    compiler_failure.cache_clear()
+
+
+def test_a_run_where_torch_compile_fails_is_eager_with_one_warning(broken_compiler, tmp_path, capsys):
+    s = train_inprocess("algo=dqn", "profile=smoke", "compile.enabled=true", "eval.interval_env_steps=0",
+                        "eval.final_episodes=0", f"run_dir={tmp_path}")
+    out, err = capsys.readouterr()
+    assert s["status"] == "completed" and s["optim_steps"] == 100 and s["compile_recompiles"] is None
+    reason = "RuntimeError: InductorError: no working C++ compiler found"
+    assert [line for line in err.splitlines() if line.startswith("warning")] == [
+        f"warning: torch.compile fails here ({reason}); the run is eager"]
+    assert f"learner step eager (compile.enabled=true, but torch.compile fails here: {reason})" in out
+
+
+def _compile_to_failing_calls(monkeypatch):
+    """torch.compile returns a function that fails when called, as a compiler error on one step's graph does."""
+    def compile_to_failing(fn, **kwargs):
+        def call(*args):
+            raise RuntimeError("BackendCompilerFailed: forced for the test\n(a long traceback)")
+        return call
+
+    monkeypatch.setattr(torch, "compile", compile_to_failing)
+
+
+def test_a_compiled_step_that_fails_falls_back_to_the_eager_update(monkeypatch, capsys):
+    """TD3 (two kinds of step): the first compiled step fails, the learner warns once and makes, from the same
+    networks and batches, exactly the eager learner's update."""
+    eager, eager_parts, replay = _learner("td3")
+    compiled, parts, _ = _learner("td3", "compile.enabled=true")
+    assert compiled.compile.enabled
+    _compile_to_failing_calls(monkeypatch)
+    torch.manual_seed(1)
+    eager.update(replay, 6, version=1)
+    torch.manual_seed(1)
+    out = compiled.update(replay, 6, version=1)
+    torch.testing.assert_close(_learned(parts), _learned(eager_parts), rtol=0, atol=0)
+    assert not compiled.compile.enabled and compiled.recompiles is None and "compile/recompiles" not in out
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")] == [
+        "warning: the compiled learner step failed (RuntimeError: BackendCompilerFailed: forced for the test); the "
+        "learner runs eager from here"]
+
+
+def test_an_error_of_the_step_itself_is_raised_not_hidden_by_the_fallback(monkeypatch):
+    compiled, parts, replay = _learner("dqn", "compile.enabled=true")
+    _compile_to_failing_calls(monkeypatch)
+
+    def broken(*args, **kwargs):
+        raise ValueError("the loss itself is broken")
+
+    monkeypatch.setattr(parts.loss, "forward", broken)
+    with pytest.raises(ValueError, match="the loss itself is broken"):
+        compiled.update(replay, 1, version=1)

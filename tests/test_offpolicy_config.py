@@ -26,7 +26,11 @@ from shared.config import ConfigError
     (["logger.backend=mlflow"], "logger.backend='mlflow' is not allowed"),
     (["total_env_steps"], "is not of the form key=value"),
     (["compile.mode=fast"], "compile.mode='fast' is not allowed; allowed: one of default, reduce-overhead"),
-    (["compile.enabled=maybe"], "compile.enabled='maybe' has the wrong type; allowed: true or false"),
+    (["compile.enabled=maybe"], "compile.enabled='maybe' is not allowed; allowed: one of auto, true, false"),
+    (["compile.enabled=1"], "compile.enabled='1' is not allowed; allowed: one of auto, true, false"),
+    (["compile.auto_min_optim_steps=-1"], "compile.auto_min_optim_steps=-1 is out of range; allowed: an integer >= 0"),
+    (["compile.enabled=auto", "compile.cudagraphs=true"], "compile.cudagraphs=true is not allowed here; allowed: "
+                                                          "with compile.enabled=true on a CUDA learner"),
     (["compile.enabled=true", "compile.cudagraphs=true"], "compile.cudagraphs=true is not allowed here; allowed: "
                                                           "with compile.enabled=true on a CUDA learner"),
 ])
