@@ -126,7 +126,7 @@ def check_run(name: str, out: Path) -> None:
 
 def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
-        print("error: no CUDA device: the GPU check needs one (see the README's GPU section)", file=sys.stderr)
+        print("error: no CUDA device: the GPU check needs one (see docs/results.md, GPU path)", file=sys.stderr)
         return 2
     out = ROOT / "benchmarks" / "results" / "gpu_check.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """The Python API of both entry points: ``from offpolicy import train`` and ``from a3c import train`` are the callable
 entry modules, whatever was imported first; keyword overrides are the command line's words, checked the same way (a
-bad one raises the ConfigError the CLI prints); a run returns its summary. (An off-policy run from Python: the README
+bad one raises the ConfigError the CLI prints); a run returns its summary. (An off-policy run from Python: docs/usage.md's
 example in tests/test_docs.py and the own-env runs in tests/test_own_envs.py.)"""
 from __future__ import annotations
 

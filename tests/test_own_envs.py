@@ -1,6 +1,6 @@
 """Envs of the user's own package by Gymnasium's ``module:EnvId`` name: trained (from Python), resumed, evaluated and
 planned by the name alone, and every bad name one ``error:`` line with exit 2, in both engines. (A fresh process
-importing the module from a saved name: the README example in tests/test_docs.py.)"""
+importing the module from a saved name: docs/usage.md's example in tests/test_docs.py.)"""
 from __future__ import annotations
 
 import json
