@@ -1,4 +1,6 @@
-"""The lean collector in a child process, one batch ahead of the learner (``collector.overlap=true``, local engine).
+"""The run's collector in a child process, one batch ahead of the learner (``collector.overlap=true``, local engine):
+the lean collector, or torchrl's Collector over the ALE vector env (Atari; the batches, frames included, come back
+through shared memory and this process writes them into its replay, the frame replay too).
 
 Why: at CleanRL's DQN setting (one CartPole env, one update per 10 env steps) collecting and learning each take about
 half of a round in one process (82 and 107 µs per env step, benchmarks/offpolicy_throughput.py), so on two cores the
@@ -35,7 +37,7 @@ class CollectorLost(RuntimeError):
 
 
 def _collect(cfg: dict, policy, slot: TensorDict, seed: int, obs_norm: dict | None, orders, batches) -> None:
-    """The child: the run's lean collector over its own copy of ``policy``; per order (a policy version) the slot's
+    """The child: the run's collector over its own copy of ``policy`` and its own training envs; per order (a policy version) the slot's
     weights into the policy and one batch back; ``None``, or the parent gone, ends it. A failure goes back as its
     traceback text."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into a stop, then ends this process
@@ -43,11 +45,13 @@ def _collect(cfg: dict, policy, slot: TensorDict, seed: int, obs_norm: dict | No
     torch.manual_seed(seed)  # the exploration's draws: the same run again collects the same batches
     batches.cancel_join_thread()  # exiting never waits for a batch the parent no longer reads
     from offpolicy.builder import Builder
+    from offpolicy.collection import torchrl_env_copies
 
     try:
         cfg = OmegaConf.create(cfg)
         builder = Builder(cfg)
-        collector = builder.collector(builder.train_env(obs_norm, seed=seed, num_envs=1), policy, seed)
+        env = builder.train_env(obs_norm, seed=seed, num_envs=torchrl_env_copies(cfg))
+        collector = builder.collector(env, policy, seed)
         rounds, parent = iter(collector), multiprocessing.parent_process()
         while True:
             try:
@@ -67,7 +71,7 @@ def _collect(cfg: dict, policy, slot: TensorDict, seed: int, obs_norm: dict | No
 
 
 class BackgroundCollector:
-    """The local engine's lean collector in a child process, one batch ahead; offers what the engine uses of a
+    """The local engine's collector in a child process, one batch ahead; offers what the engine uses of a
     collector: iteration, ``update_policy_weights_()`` (one version more), ``policy_version``,
     ``policy_version_tracker.version`` (set on resume) and ``shutdown()``. ``seed`` seeds the env copies as the lean
     collector in this process would, and the child's torch draws; ``obs_norm``: the run's observation statistics.

@@ -20,9 +20,14 @@ from offpolicy.overlap import BackgroundCollector, CollectorLost
 from shared.config import ConfigError
 
 
-def _collector(seed=5, greedy=False):
-    cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=smoke", "collector.env_steps_per_batch=50",
-                             "collector.overlap=true"])
+CARTPOLE = ["env=CartPole-v1", "collector.env_steps_per_batch=50"]
+# ALE Pong through torchrl's Collector in the child: 2 envs, 25 steps each a batch, each frame stored once
+PONG = ["env=Pong", "env.num_envs=2", "collector.env_steps_per_batch=50", "replay.frames_once=true",
+        "replay.size=400", "collector.prefill_env_steps=100"]
+
+
+def _collector(seed=5, greedy=False, env=CARTPOLE):
+    cfg, _ = compose_config(["algo=dqn", "profile=smoke", *env, "collector.overlap=true"])
     torch.manual_seed(0)
     env = make_train_env(cfg)
     parts = Builder(cfg).parts(env)
@@ -42,10 +47,12 @@ def _greedy(network, batch):
         return network(batch["observation"][0]).argmax(-1)
 
 
-def test_batch_k_is_collected_with_the_policy_published_before_round_k_minus_1():
+@pytest.mark.parametrize("env", [CARTPOLE, PONG], ids=["lean-cartpole", "atari-pong"])
+def test_batch_k_is_collected_with_the_policy_published_before_round_k_minus_1(env):
     """Orders carry the weights of their moment: batches 0 and 1 act with version 0, batch 2 with version 1 (the
-    weights as they were when round 1 began, not as the learner changed them afterwards), batch 3 with version 2."""
-    parts, collector = _collector(greedy=True)
+    weights as they were when round 1 began, not as the learner changed them afterwards), batch 3 with version 2.
+    The same for the lean collector and for torchrl's Collector on ALE frames."""
+    parts, collector = _collector(greedy=True, env=env)
     network = _q_network(parts)
     try:
         batches = iter(collector)
@@ -144,7 +151,17 @@ def test_an_overlapped_run_holds_every_invariant(tmp_path):
     assert resumed["status"] == "completed" and resumed["batches"] == 5 and resumed["env_steps"] == 500
 
 
-@pytest.mark.parametrize("overrides", [["collector.lean=false"], ["env=Pong"], ["engine=ray"]])
+def test_an_overlapped_atari_run_holds_every_invariant(tmp_path):
+    """DQN on Pong with each frame stored once, collected one batch ahead in a child: every round's invariants (the
+    lag of one version included) hold, and every transition reaches the frame replay."""
+    s = train_inprocess("algo=dqn", "profile=smoke", *PONG, "total_env_steps=300", "eval.interval_env_steps=0",
+                        "eval.final_episodes=0", f"run_dir={tmp_path}")
+    assert s["status"] == "completed" and s["error"] is None
+    assert (s["env_steps"], s["batches"], s["replay_writes"], s["policy_version"]) == (300, 6, 300, 6)
+
+
+@pytest.mark.parametrize("overrides", [["collector.lean=false"], ["env.num_envs=2", "env.vector=process"],
+                                       ["engine=ray"]])
 def test_settings_overlap_cannot_serve_are_refused(overrides):
     with pytest.raises(ConfigError, match=r"^collector\.overlap=true is not allowed"):
         compose_config(["algo=dqn", "collector.overlap=true", *overrides])

@@ -13,6 +13,7 @@ from offpolicy.overlap import BackgroundCollector, CollectorLost
 from offpolicy.replay import ReplayJournal, journal_dir, replay_scratch_dir, replay_state, restore_replay
 from offpolicy.rollout import Rollout, RolloutStats, for_replay
 from shared import compat
+from shared.atari import is_atari
 from shared.config import ConfigError
 
 
@@ -29,9 +30,10 @@ class LocalEngine(Engine):
     def check_config(cfg: DictConfig) -> None:
         from offpolicy.collection import lean_collection
 
-        if cfg.collector.overlap and not lean_collection(cfg):
+        if cfg.collector.overlap and not (lean_collection(cfg) or is_atari(cfg.env.name)):
             raise ConfigError("collector.overlap=true is not allowed here; allowed: with the lean collector "
-                              "(collector.lean=true and a Gymnasium state-vector env stepped in this process)")
+                              "(collector.lean=true and a Gymnasium state-vector env stepped in this process) or an "
+                              "ALE game")
 
     @staticmethod
     def describe_failure(exc: BaseException) -> str | None:
@@ -39,10 +41,11 @@ class LocalEngine(Engine):
 
     @staticmethod
     def training_env_copies(cfg: DictConfig) -> int:
-        """What the collector in this process needs (:func:`~offpolicy.collection.torchrl_env_copies`)."""
+        """What the collector in this process needs (:func:`~offpolicy.collection.torchrl_env_copies`); one, for its
+        specs, when the collector runs in a child process (``collector.overlap``)."""
         from offpolicy.collection import torchrl_env_copies
 
-        return torchrl_env_copies(cfg)
+        return 1 if cfg.collector.overlap else torchrl_env_copies(cfg)
 
     def __init__(self, builder, env, parts: AlgoParts, run_dir: Path, seed: int):
         cfg = self.cfg = builder.cfg
