@@ -75,10 +75,13 @@ METRICS = (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"), ("env
            ("collector_steps_per_s", "steps/s"), ("reference_env_steps_per_s", "steps/s"), ("ratio_to_reference", "x"))
 
 
-def measure(name: str, env_steps: int, threads: int, overrides: list[str]) -> dict:
+def measure(name: str, env_steps: int, threads: int, overrides: list[str], case: list[str] | None = None,
+            batch: int = 1000) -> dict:
+    """Learning-phase figures of one ``python -m offpolicy.train`` run of ``case`` (default ``CASES[name]``) for
+    ``env_steps`` env steps, whose rounds collect ``batch`` env steps each."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "offpolicy.train", *CASES[name], f"total_env_steps={env_steps}", f"threads={threads}",
-               f"run_dir={tmp}", *overrides]
+        cmd = [sys.executable, "-m", "offpolicy.train", *(CASES[name] if case is None else case),
+               f"total_env_steps={env_steps}", f"threads={threads}", f"run_dir={tmp}", *overrides]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{name} failed: {proc.stderr[-2000:]}")
@@ -91,7 +94,6 @@ def measure(name: str, env_steps: int, threads: int, overrides: list[str]) -> di
     # one window per batch (logger.interval_s=0); keep the learning batches after the first one, whose window holds the
     # learner's warm-up (torch.compile compiles there with compile.enabled=true), the same for eager and compiled runs
     learning = [i for i in range(len(optim)) if i > 0 and optim[i] > optim[i - 1]][1:]
-    batch = 1000
     wall = sum(batch / sps[i] for i in learning)
     updates = optim[learning[-1]] - optim[learning[0] - 1]
     first, last = learning[0] - 1, learning[-1]  # from the end of the warm-up batch to the end of the run
@@ -104,8 +106,8 @@ def measure(name: str, env_steps: int, threads: int, overrides: list[str]) -> di
             "learning_env_steps": len(learning) * batch}
 
 
-def default_compile(name: str, overrides: list[str]) -> list[str]:
-    """``compile.enabled=`` as the case's full-length default run decides it (offpolicy/compiling.py: ``auto`` looks
+def default_compile(case: list[str], overrides: list[str]) -> list[str]:
+    """``compile.enabled=`` as the full-length default run of ``case`` (its arguments) decides it (offpolicy/compiling.py: ``auto`` looks
     at the whole run's planned optimiser steps, which this benchmark's short slice would not reach), unless
     ``overrides`` set it: so a run without a compile flag measures the path the default command takes."""
     if any(o.startswith("compile.enabled=") for o in overrides):
@@ -113,7 +115,7 @@ def default_compile(name: str, overrides: list[str]) -> list[str]:
     from offpolicy.compiling import compile_choice
     from offpolicy.config import compose_config
 
-    cfg, _ = compose_config([*CASES[name], *overrides])
+    cfg, _ = compose_config([*case, *overrides])
     return [f"compile.enabled={str(compile_choice(cfg).enabled).lower()}"]
 
 
@@ -153,7 +155,7 @@ def main(argv: list[str]) -> None:
             f.write(json.dumps({**line, **meta}) + "\n")
 
     for name in names:
-        case_overrides = [*overrides, *default_compile(name, overrides)]
+        case_overrides = [*overrides, *default_compile(CASES[name], overrides)]
         runs = []
         for pair in range(pairs):  # alternated: engine, reference, engine, reference, ...
             r = measure(name, env_steps, threads, case_overrides)
