@@ -1,7 +1,9 @@
 """Learning benchmark of the off-policy engine (a figure, not a test): each case trains with
 ``python -m offpolicy.train`` once per seed and reports the first frame count at which the deterministic evaluation
-return reaches the target, with the median and range over the seeds. Prints JSON lines and keeps summaries and
-curves under benchmarks/results/offpolicy_learning/.
+return reaches the target, with the median and range over the seeds. Prints JSON lines and keeps, under
+benchmarks/results/offpolicy_learning/, one record per run (``<case>-seed<N>.json``: the evaluation returns, the run's
+summary, its resolved config and its ``curves.json``, from which benchmarks/plot_results.py redraws the run's
+curves.png) and one ``<case>-seeds.png`` per case; the run directories beside them stay out of git.
 
     nice -n 5 python benchmarks/offpolicy_learning.py [case ...] [seeds=0,1,2] [jobs=1] [rerun=false]
 
@@ -19,10 +21,13 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shared.logging import read_scalars  # noqa: E402
+from shared.plots import draw_seeds, read_curves  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "offpolicy_learning"
 PENDULUM = ["env=Pendulum-v1", "total_env_steps=20000", "collector.env_steps_per_batch=200", "collector.prefill_env_steps=1000",
@@ -99,36 +104,16 @@ def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, sta
     summary = run_dir / "summary.json"
     if summary.exists():
         result["summary"] = json.loads(summary.read_text())
+    config = run_dir / "config.yaml"
+    if config.exists():
+        result["config"] = yaml.safe_load(config.read_text())
+    curves = read_curves(run_dir)
+    if curves["plots"]:
+        result["curves"] = curves
     for bulky in ("checkpoints", "replay"):  # keep the results folder small (replay: memmap files)
         shutil.rmtree(run_dir / bulky, ignore_errors=True)
     (RESULTS / f"{name}-seed{seed}.json").write_text(json.dumps(result, indent=2))
     return result
-
-
-def plot_seeds(name: str, runs: list[dict]) -> Path:
-    """Every seed's deterministic evaluation return against env steps, with the target, in ``<name>-seeds.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for r in runs:
-        env_steps, returns = zip(*r["eval_returns"]) if r["eval_returns"] else ((), ())
-        ax.plot(env_steps, returns, marker=".", label=f"seed {r['seed']}")
-    target, budget = CASES[name][1], CASES[name][2]
-    if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", label=f"target {target:g} within {budget:,} env steps")
-    ax.set_xlabel("collected env steps")
-    ax.set_ylabel("evaluation return")
-    ax.set_title(name)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = RESULTS / f"{name}-seeds.png"
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
 
 
 def _emit(line: dict) -> None:
@@ -158,7 +143,7 @@ def main(argv: list[str]) -> None:
                    "unit": unit})
     for name in names:
         runs = [json.loads((RESULTS / f"{name}-seed{seed}.json").read_text()) for seed in seeds]
-        plot_seeds(name, runs)
+        draw_seeds(name, runs, CASES[name][1], CASES[name][2], RESULTS / f"{name}-seeds.png")
         reached = sorted(r["reached_at_env_steps"] if r["reached_at_env_steps"] is not None else float("inf") for r in runs)
         _emit({"bench": f"offpolicy_learning/{name}", "metric": "reached_at_env_steps_median",
                "value": statistics.median(reached), "range": [reached[0], reached[-1]], "unit": "env_steps",

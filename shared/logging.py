@@ -100,11 +100,9 @@ def flat_hparams(tree: dict, prefix: str = "") -> dict:
 
 
 def read_scalars(run_dir: str | Path, name: str) -> tuple[list[float], list[float]]:
-    """Read one CSV metric (``train/return``) back as ``(steps, values)``, from a run directory or from a results copy
-    that keeps ``scalars/`` at its top (benchmarks/results/); empty lists if it was never logged."""
+    """Read one CSV metric (``train/return``) of a run directory back as ``(steps, values)``; empty lists if it was
+    never logged (shared.plots.read_curve also reads what a results copy keeps)."""
     path = Path(run_dir) / LOG_SUBDIR / "scalars" / f"{name}.csv"
-    if not path.exists():
-        path = Path(run_dir) / "scalars" / f"{name}.csv"
     steps: list[float] = []
     values: list[float] = []
     if path.exists():

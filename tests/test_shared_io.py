@@ -55,17 +55,6 @@ def test_every_backend_writes_and_csv_is_always_kept(tmp_path, backend, monkeypa
         assert list((tmp_path / "wandb").glob("offline-run-*"))
 
 
-def test_scalars_are_read_back_from_a_results_copy(tmp_path):
-    """benchmarks/results/ keeps a run's ``scalars/`` at the copy's top: read_scalars reads both layouts."""
-    logger = make_logger("csv", tmp_path / "run")
-    logger.log({"eval/return": 5.0}, step=10)
-    logger.close()
-    copied = next((tmp_path / "run").rglob("scalars"))
-    copied.rename(tmp_path / "scalars")
-    assert read_scalars(tmp_path, "eval/return") == ([10.0], [5.0])
-    assert read_scalars(tmp_path, "eval/missing") == ([], [])
-
-
 def test_non_finite_metrics_are_refused(tmp_path):
     logger = make_logger("csv", tmp_path)
     with pytest.raises(FloatingPointError, match="loss/critic"):
