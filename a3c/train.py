@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from a3c.config import ALIASES, config_help, load_config
-from a3c.evaluate import build_model
+from a3c.model import build_model
 from a3c.optim import make_shared_optimizer
 from a3c.stats import SharedStats
 from a3c.supervisor import WorkerFailure, WorkerPool
