@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from a3c.config import ALIASES, config_help, load_config
+from a3c.config import ALIASES, compose_config, config_help
 from a3c.model import build_model
 from a3c.optim import make_shared_optimizer
 from a3c.stats import SharedStats
@@ -65,9 +65,10 @@ CHECKPOINT_KEYS = ("model", "optimizer", "counters", "config", "num_actions")  #
 def compose_run(argv: list[str]) -> tuple[DictConfig, dict | None]:
     """The run's config from ``key=value`` words and, with ``resume=PATH``, the checkpoint it continues (its config
     is the base)."""
-    resume = parse_overrides(argv, ALIASES).get("resume")
+    overrides = parse_overrides(argv, ALIASES)  # once: both the checkpoint to resume and the config come from it
+    resume = overrides.get("resume")
     ckpt = load_checkpoint(resume, key="resume", required=CHECKPOINT_KEYS, written_by="a3c.train") if resume else None
-    return load_config(argv, base=resumed_config(ckpt["config"], resume) if ckpt else None), ckpt
+    return compose_config(overrides, base=resumed_config(ckpt["config"], resume) if ckpt else None), ckpt
 
 
 def train(cfg: DictConfig, ckpt: dict | None = None) -> dict:
