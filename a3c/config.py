@@ -74,8 +74,15 @@ RESUME_KEYS = ("env.name", "env.frame_stack", "env.image_size", "env.grayscale",
 
 
 def load_config(argv: list[str], base: dict | None = None) -> DictConfig:
-    """Compose the A3C config from the command line (``base``: a resumed checkpoint's config)."""
-    cfg = compose(CONFIG_DIR, parse_overrides(argv, ALIASES), groups=GROUPS, rules=RULES, base=base)
+    """Compose the A3C config from the command line's ``key=value`` words (``base``: a resumed checkpoint's
+    config)."""
+    return compose_config(parse_overrides(argv, ALIASES), base)
+
+
+def compose_config(overrides: dict[str, str], base: dict | None = None) -> DictConfig:
+    """Compose the A3C config from overrides already parsed by :func:`~shared.config.parse_overrides` (``base``: a
+    resumed checkpoint's config)."""
+    cfg = compose(CONFIG_DIR, overrides, groups=GROUPS, rules=RULES, base=base)
     check_logger_backend(cfg.logger.backend)
     if base is not None:
         check_kept_on_resume(cfg, OmegaConf.create(base), RESUME_KEYS,

@@ -10,39 +10,17 @@ from typing import Callable
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from a3c.process import process_setup
+from a3c.child_process import process_setup
+from a3c.model import build_model, checkpoint_model, read_checkpoint
 from a3c.rollout import reset_where
-from shared.checkpoint import load_checkpoint
 from shared.config import CONFIG_ROOT, Rule, run_cli
 from shared.atari import AtariBatch, AtariSettings
 from shared.evaluation import evaluate_cli_args, evaluation_dir, return_stats, write_evaluation, write_video
 from shared.models import AtariActorCritic
 
 VIDEO_SCALE = 4  # agent-view frames (84x84) are upscaled for viewing
-
-
-def build_model(cfg, num_actions: int) -> AtariActorCritic:
-    """The actor-critic described by a run config."""
-    settings = AtariSettings.from_config(cfg.env)
-    return AtariActorCritic(num_actions, settings.channels, settings.image_size, cfg.model.arch,
-                            recurrent=cfg.model.recurrent, lstm_size=cfg.model.lstm_size)
-
-
-def read_checkpoint(path: str | Path) -> dict:
-    """A checkpoint of ``a3c.train`` given as ``checkpoint=path``; anything wrong with the file is one ConfigError
-    naming ``checkpoint``."""
-    return load_checkpoint(path, key="checkpoint", required=("model", "config", "num_actions", "counters"),
-                           written_by="a3c.train")
-
-
-def checkpoint_model(ckpt: dict) -> tuple[DictConfig, AtariActorCritic]:
-    """A checkpoint's config, and its model with the saved weights."""
-    cfg = OmegaConf.create(ckpt["config"])
-    model = build_model(cfg, ckpt["num_actions"])
-    model.load_state_dict(ckpt["model"])
-    return cfg, model
 
 
 def eval_settings(cfg, max_episode_frames: int) -> AtariSettings:

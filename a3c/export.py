@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from a3c.evaluate import checkpoint_model, read_checkpoint
+from a3c.model import checkpoint_model, read_checkpoint
 from shared.atari import AtariSettings
 from shared.config import CONFIG_ROOT, run_cli
 from shared.evaluation import evaluate_cli_args

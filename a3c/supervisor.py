@@ -5,7 +5,7 @@ import sys
 import time
 
 from a3c.evaluate import evaluator_main
-from a3c.process import StopFlag
+from a3c.child_process import StopFlag
 from a3c.stats import SharedStats
 from a3c.worker import worker_main
 

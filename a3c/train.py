@@ -19,14 +19,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from a3c.config import ALIASES, config_help, load_config
-from a3c.evaluate import build_model
+from a3c.config import ALIASES, compose_config, config_help
+from a3c.model import build_model
 from a3c.optim import make_shared_optimizer
 from a3c.stats import SharedStats
 from a3c.supervisor import WorkerFailure, WorkerPool
 from shared.checkpoint import load_checkpoint, resumed_config, resumed_seed, save_checkpoint
 from shared.config import make_run_dir, overrides_argv, parse_overrides, python_entry_point, run_cli
-from shared.atari import AtariBatch, AtariSettings
+from shared.atari import atari_rom, minimal_action_set
 from shared.plots import plot_curves
 
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
@@ -65,9 +65,10 @@ CHECKPOINT_KEYS = ("model", "optimizer", "counters", "config", "num_actions")  #
 def compose_run(argv: list[str]) -> tuple[DictConfig, dict | None]:
     """The run's config from ``key=value`` words and, with ``resume=PATH``, the checkpoint it continues (its config
     is the base)."""
-    resume = parse_overrides(argv, ALIASES).get("resume")
+    overrides = parse_overrides(argv, ALIASES)  # once: both the checkpoint to resume and the config come from it
+    resume = overrides.get("resume")
     ckpt = load_checkpoint(resume, key="resume", required=CHECKPOINT_KEYS, written_by="a3c.train") if resume else None
-    return load_config(argv, base=resumed_config(ckpt["config"], resume) if ckpt else None), ckpt
+    return compose_config(overrides, base=resumed_config(ckpt["config"], resume) if ckpt else None), ckpt
 
 
 def train(cfg: DictConfig, ckpt: dict | None = None) -> dict:
@@ -77,9 +78,10 @@ def train(cfg: DictConfig, ckpt: dict | None = None) -> dict:
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers before they import torch
     torch.set_num_threads(1)
 
-    probe = AtariBatch(AtariSettings.from_config(cfg.env), 1, cfg.seed)
-    num_actions = probe.num_actions
-    probe.close()
+    # The number of actions is the size of ALE's minimal action set of the game, the set the workers' AtariVectorEnv
+    # plays: this process builds no env it could ask (the workers and the evaluator build theirs), and ALE reads the
+    # set from the loaded ROM, without a throw-away vector env's threads, frame buffers and game resets.
+    num_actions = len(minimal_action_set(atari_rom(cfg.env.name)))
     model = build_model(cfg, num_actions).share_memory()
     optimizer = make_shared_optimizer(model.parameters(), cfg.optim)
     stats = SharedStats(cfg.workers)

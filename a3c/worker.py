@@ -8,9 +8,10 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from a3c.evaluate import build_model, eval_settings, greedy_episodes
-from a3c.process import process_setup
+from a3c.child_process import process_setup
+from a3c.evaluate import eval_settings, greedy_episodes
 from a3c.learner import A3CLearner
+from a3c.model import build_model
 from a3c.rollout import Rollout
 from a3c.stats import SharedStats
 from shared.atari import AtariBatch, AtariSettings

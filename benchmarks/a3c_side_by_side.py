@@ -26,7 +26,7 @@ import json, os, sys, time
 sys.path.insert(0, os.getcwd())  # the checkout under test, before any installed copy
 import torch
 from a3c.config import load_config
-from a3c.evaluate import build_model
+from a3c.model import build_model
 from a3c.learner import A3CLearner
 from a3c.optim import make_shared_optimizer
 from a3c.rollout import Rollout

@@ -68,7 +68,7 @@ def _model_cost_ms(cfg_dict: dict) -> dict[str, float]:
     sees the same sharing of the machine as (a)."""
     from omegaconf import OmegaConf
 
-    from a3c.evaluate import build_model
+    from a3c.model import build_model
     from shared.models import to_channels_last
 
     torch.set_num_threads(1)
@@ -106,7 +106,7 @@ def _worker_split(cfg_dict: dict, seconds: float, rank: int) -> dict[str, float]
     from omegaconf import OmegaConf
 
     import a3c.learner
-    from a3c.evaluate import build_model
+    from a3c.model import build_model
     from a3c.learner import A3CLearner
     from a3c.optim import make_shared_optimizer
     from a3c.rollout import Rollout
@@ -192,7 +192,7 @@ def _torchrl_loop(cfg_dict: dict, seconds: float, rank: int) -> float:
     from torchrl.envs import (CatFrames, Compose, GrayScale, GymEnv, NoopResetEnv, RewardSum, SignTransform,
                               StepCounter, ToTensorImage, TransformedEnv, UnaryTransform)
 
-    from a3c.evaluate import build_model
+    from a3c.model import build_model
     from a3c.learner import A3CLearner
     from a3c.optim import make_shared_optimizer
 

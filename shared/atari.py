@@ -105,19 +105,22 @@ class AtariSettings:
 
 
 @functools.lru_cache(maxsize=None)
+def minimal_action_set(rom: str) -> tuple[str, ...]:
+    """The names of the game's minimal action set (``NOOP``, ``FIRE``, ...) in the order of the action indices of its
+    ``AtariVectorEnv``, which plays that set (:func:`make_atari_vector_env` leaves ``full_action_space`` off): ALE's
+    own list, read from one emulator with the ROM loaded, without a vector env's threads, preprocessing and resets."""
+    import ale_py
+
+    ale = ale_py.ALEInterface()
+    ale.setLoggerMode(ale_py.LoggerMode.Error)  # no start-up banner, as ale_py's own AtariEnv
+    ale.loadROM(ale_py.roms.get_rom_path(rom))
+    return tuple(action.name for action in ale.getMinimalActionSet())
+
+
 def fire_action(rom: str) -> int | None:
     """The index of FIRE in the game's minimal action set (None for games without it)."""
-    import ale_py
-    import gymnasium
-
-    gymnasium.register_envs(ale_py)
-    game = "".join(part.capitalize() for part in rom.split("_"))
-    env = gymnasium.make(f"ALE/{game}-v5")
-    try:
-        meanings = env.unwrapped.get_action_meanings()
-    finally:
-        env.close()
-    return meanings.index("FIRE") if "FIRE" in meanings else None
+    actions = minimal_action_set(rom)
+    return actions.index("FIRE") if "FIRE" in actions else None
 
 
 def make_atari_vector_env(settings: AtariSettings, num_envs: int, *, train: bool, num_threads: int = 1):

@@ -70,7 +70,7 @@ def test_a_child_killed_while_polling_the_stop_flag_cannot_block_the_run():
     import os
     import signal
 
-    from a3c.process import StopFlag
+    from a3c.child_process import StopFlag
 
     ctx = mp.get_context("spawn")
     flag = StopFlag(ctx)

@@ -91,7 +91,7 @@ def a3c_case(run_dir: Path, *overrides: str) -> Case:
     from omegaconf import OmegaConf
 
     from a3c.config import load_config
-    from a3c.evaluate import build_model
+    from a3c.model import build_model
     from a3c.train import CHECKPOINT_KEYS
     from shared.atari import AtariBatch, AtariSettings
     from shared.checkpoint import save_checkpoint
