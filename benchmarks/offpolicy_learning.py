@@ -1,15 +1,16 @@
 """Learning benchmark of the off-policy engine (a figure, not a test): each case trains with
 ``python -m offpolicy.train`` once per seed and reports the first frame count at which the deterministic evaluation
 return reaches the target, with the median and range over the seeds. Prints JSON lines and keeps, under
-benchmarks/results/offpolicy_learning/, one record per run (``<case>-seed<N>.json``: the evaluation returns, the run's
-summary, its resolved config and its ``curves.json``, from which benchmarks/plot_results.py redraws the run's
-curves.png) and one ``<case>-seeds.png`` per case; the run directories beside them stay out of git.
+benchmarks/results/offpolicy_learning/, one record per run as one line of its case's ``<case>.jsonl`` (the line of its
+seed, replaced by a rerun: the seed, the evaluation returns, the run's summary, its resolved config and its
+``curves.json``, from which benchmarks/plot_results.py redraws the run's curves.png) and one ``<case>-seeds.png`` per
+case; the run directories ``<case>-seed<N>/`` beside them stay out of git.
 
     nice -n 5 python benchmarks/offpolicy_learning.py [case ...] [seeds=0,1,2] [jobs=1] [rerun=false]
 
 ``jobs=2`` runs two trainings at a time (one per core): frame counts and returns do not depend on it, wall times do.
-A (case, seed) whose result file exists is not run again unless ``rerun=true``; the medians cover every requested
-seed's result file.
+A (case, seed) that has its line in ``<case>.jsonl`` is not run again unless ``rerun=true``; the medians cover every
+requested seed's line.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from shared.files import read_jsonl, replace_jsonl_line  # noqa: E402
 from shared.logging import read_scalars  # noqa: E402
 from shared.plots import draw_seeds, read_curves  # noqa: E402
 
@@ -112,8 +114,16 @@ def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, sta
         result["curves"] = curves
     for bulky in ("checkpoints", "replay"):  # keep the results folder small (replay: memmap files)
         shutil.rmtree(run_dir / bulky, ignore_errors=True)
-    (RESULTS / f"{name}-seed{seed}.json").write_text(json.dumps(result, indent=2))
+    # two invocations side by side (seeds=0 on one core, seeds=1 on the other) may finish runs of one case at once:
+    # replace_jsonl_line locks the file for its read-modify-write
+    replace_jsonl_line(RESULTS / f"{name}.jsonl", result, key="seed")
     return result
+
+
+def records(name: str) -> dict[int, dict]:
+    """The records of a case by seed (none before its first run)."""
+    path = RESULTS / f"{name}.jsonl"
+    return {r["seed"]: r for r in read_jsonl(path)} if path.exists() else {}
 
 
 def _emit(line: dict) -> None:
@@ -129,8 +139,7 @@ def main(argv: list[str]) -> None:
     jobs = int(options.get("jobs", 1))
     RESULTS.mkdir(parents=True, exist_ok=True)
     rerun = options.get("rerun", "false") == "true"
-    queue = [(name, seed) for name in names for seed in seeds
-             if rerun or not (RESULTS / f"{name}-seed{seed}.json").exists()]
+    queue = [(name, seed) for name in names for seed in seeds if rerun or seed not in records(name)]
     running = []
     while queue or running:
         while queue and len(running) < jobs:
@@ -142,7 +151,8 @@ def main(argv: list[str]) -> None:
             _emit({"bench": f"offpolicy_learning/{name}", "seed": seed, "metric": metric, "value": r[metric],
                    "unit": unit})
     for name in names:
-        runs = [json.loads((RESULTS / f"{name}-seed{seed}.json").read_text()) for seed in seeds]
+        by_seed = records(name)
+        runs = [by_seed[seed] for seed in seeds]
         draw_seeds(name, runs, CASES[name][1], CASES[name][2], RESULTS / f"{name}-seeds.png")
         reached = sorted(r["reached_at_env_steps"] if r["reached_at_env_steps"] is not None else float("inf") for r in runs)
         _emit({"bench": f"offpolicy_learning/{name}", "metric": "reached_at_env_steps_median",

@@ -1,8 +1,9 @@
 """Redraw the PNGs of benchmarks/results from the files git keeps there (the runs' CSV logs are not kept):
 
 - every run directory's ``curves.json`` (its points and how each of its PNGs was drawn: curves.png, eval_curve.png);
-- every offpolicy_learning record ``<case>[-seed<N>].json``: its ``curves`` redraw ``<case>[-seed<N>]/curves.png``,
-  and the records of one case's seeds ``<case>-seeds.png``.
+- every offpolicy_learning records file: a case's ``<case>.jsonl`` (one run a line, each with its seed) redraws each
+  run's ``<case>-seed<N>/curves.png`` from the line's ``curves`` and ``<case>-seeds.png`` from all its lines; an older
+  single-run record ``<case>.json`` redraws ``<case>/curves.png``.
 
     python benchmarks/plot_results.py [results=benchmarks/results] [out=DIR]
 
@@ -12,7 +13,6 @@ Draws into the results tree itself, or into ``out`` at the same relative paths. 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -20,23 +20,36 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shared.config import ConfigError  # noqa: E402
+from shared.files import read_jsonl  # noqa: E402
 from shared.plots import CURVES_FILE, draw_seeds, read_curves, redraw  # noqa: E402
 
-LEARNING_RECORDS = "offpolicy_learning"  # the directory whose *.json are offpolicy_learning.py's per-run records
-SEED_RECORD = re.compile(r"(?P<case>.+)-seed(?P<seed>\d+)\.json")
+LEARNING_RECORDS = "offpolicy_learning"  # the directory of offpolicy_learning.py's records (*.jsonl, older *.json)
+RECORD_KEYS = ("case", "eval_returns", "target")
+SEED_RECORD_KEYS = (*RECORD_KEYS, "seed", "budget_env_steps")
 
 
-def read_record(path: Path, needs: tuple[str, ...]) -> dict:
-    """An offpolicy_learning record with the keys ``needs``; ConfigError if it is not one."""
+def read_records(path: Path) -> list[tuple[Path, dict]]:
+    """The runs of an offpolicy_learning records file as (run directory, record): every line of a ``<case>.jsonl``
+    (its run directory ``<case>-seed<N>``), or the one record of a ``<case>.json`` (``<case>``); ConfigError if the
+    file is not such a records file."""
+    allowed = "allowed: the records of benchmarks/offpolicy_learning.py"
+    jsonl = path.suffix == ".jsonl"
     try:
-        record = json.loads(path.read_text())
+        records = read_jsonl(path) if jsonl else [json.loads(path.read_text())]
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not JSON ({exc}); allowed: a record of benchmarks/offpolicy_learning.py") \
-            from None
-    missing = [key for key in needs if not isinstance(record, dict) or key not in record]
-    if missing:
-        raise ConfigError(f"{path} lacks {', '.join(missing)}; allowed: a record of benchmarks/offpolicy_learning.py")
-    return record
+        raise ConfigError(f"{path} is not JSON ({exc}); {allowed}") from None
+    except ValueError as exc:  # read_jsonl's, naming the line
+        raise ConfigError(f"{exc}; {allowed}") from None
+    if not records:
+        raise ConfigError(f"{path} holds no record; {allowed}")
+    runs = []
+    for number, record in enumerate(records, start=1):
+        missing = [key for key in (SEED_RECORD_KEYS if jsonl else RECORD_KEYS)
+                   if not isinstance(record, dict) or key not in record]
+        if missing:
+            raise ConfigError(f"{path}:{number} lacks {', '.join(missing)}; {allowed}")
+        runs.append((path.with_name(f"{path.stem}-seed{record['seed']}") if jsonl else path.with_suffix(""), record))
+    return runs
 
 
 def plot_results(results: Path, out: Path):
@@ -44,37 +57,31 @@ def plot_results(results: Path, out: Path):
     per PNG written or record without curves."""
     if not results.is_dir():
         raise ConfigError(f"results={results} is not a directory; allowed: a benchmarks/results tree")
-    found = False
-    for curves_file in sorted(results.rglob(CURVES_FILE)):
-        found = True
+    record_files = sorted(p for p in results.rglob(f"{LEARNING_RECORDS}/*.json*") if p.suffix in (".json", ".jsonl"))
+    records = {path: read_records(path) for path in record_files}
+    # a learning run's own directory (kept locally) holds a curves.json too: its record draws the same curves
+    recorded_runs = {run_dir for runs in records.values() for run_dir, _ in runs}
+    curves_files = [f for f in sorted(results.rglob(CURVES_FILE)) if f.parent not in recorded_runs]
+    if not curves_files and not records:
+        raise ConfigError(f"results={results} holds no {CURVES_FILE} and no {LEARNING_RECORDS}/*.jsonl record; "
+                          "allowed: a benchmarks/results tree")
+    for curves_file in curves_files:
         run_dir = curves_file.parent
-        if run_dir.parent.name == LEARNING_RECORDS and (run_dir.parent / f"{run_dir.name}.json").exists():
-            continue  # a learning run's own directory (kept locally): its record below draws the same curves
         for png in redraw(read_curves(run_dir), out / run_dir.relative_to(results), run_dir, str(curves_file)):
             yield {"plot": str(png), "from": str(curves_file)}
-    seeds: dict[tuple[Path, str], list[tuple[int, Path, dict]]] = {}  # (directory, case) -> its seeds' records
-    for path in sorted(results.rglob(f"{LEARNING_RECORDS}/*.json")):
-        found = True
-        seed = SEED_RECORD.fullmatch(path.name)
-        record = read_record(path, ("case", "eval_returns", "target", *(("budget_env_steps",) if seed else ())))
-        run_dir = path.with_suffix("")
-        if "curves" in record:
-            for png in redraw(record["curves"], out / run_dir.relative_to(results), run_dir, f"{path} curves"):
-                yield {"plot": str(png), "from": str(path)}
-        else:
-            yield {"skipped": str(out / run_dir.relative_to(results) / "curves.png"), "from": str(path),
-                   "why": "the record keeps no curves (its run's CSV log was never kept)"}
-        if seed:
-            seeds.setdefault((path.parent, seed["case"]), []).append((int(seed["seed"]), path, record))
-    for (directory, case), runs in seeds.items():
-        runs.sort(key=lambda run: run[0])
-        records = [{**record, "seed": number} for number, _, record in runs]
-        png = draw_seeds(case, records, records[0]["target"], records[0]["budget_env_steps"],
-                         out / directory.relative_to(results) / f"{case}-seeds.png")
-        yield {"plot": str(png), "from": [str(path) for _, path, _ in runs]}
-    if not found:
-        raise ConfigError(f"results={results} holds no {CURVES_FILE} and no {LEARNING_RECORDS}/*.json record; "
-                          "allowed: a benchmarks/results tree")
+    for path, runs in records.items():
+        for run_dir, record in runs:
+            if "curves" in record:
+                for png in redraw(record["curves"], out / run_dir.relative_to(results), run_dir, f"{path} curves"):
+                    yield {"plot": str(png), "from": str(path)}
+            else:
+                yield {"skipped": str(out / run_dir.relative_to(results) / "curves.png"), "from": str(path),
+                       "why": "the record keeps no curves (its run's CSV log was never kept)"}
+        if path.suffix == ".jsonl":
+            seeds = sorted((record for _, record in runs), key=lambda record: record["seed"])
+            png = draw_seeds(path.stem, seeds, seeds[0]["target"], seeds[0]["budget_env_steps"],
+                             out / path.parent.relative_to(results) / f"{path.stem}-seeds.png")
+            yield {"plot": str(png), "from": str(path)}
 
 
 def main(argv: list[str]) -> int:

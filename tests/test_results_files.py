@@ -71,13 +71,14 @@ def test_plot_curves_records_the_points_it_draws_and_they_outlive_the_csv_log(tm
 
 
 def test_committed_results_are_redrawn_from_their_kept_files(tmp_path):
-    """An A3C run's curves.json and four offpolicy_learning records redraw the PNGs committed beside them (the
-    records' run directories are not in git: their curves.png are drawn anew)."""
+    """An A3C run's curves.json, a case's three seeds in its offpolicy_learning records and an older single-run record
+    redraw the PNGs committed beside them (the records' run directories are not in git: their curves.png are drawn
+    anew)."""
     (tmp_path / "a3c_pong").mkdir()
     shutil.copy(RESULTS / "a3c_pong" / "curves.json", tmp_path / "a3c_pong")
     (tmp_path / "offpolicy_learning").mkdir()
-    for name in ("redq-pendulum-seed0", "redq-pendulum-seed1", "redq-pendulum-seed2", "td3-halfcheetah"):
-        shutil.copy(RESULTS / "offpolicy_learning" / f"{name}.json", tmp_path / "offpolicy_learning")
+    for name in ("redq-pendulum.jsonl", "td3-halfcheetah.json"):
+        shutil.copy(RESULTS / "offpolicy_learning" / name, tmp_path / "offpolicy_learning")
     done = plot_results(f"results={tmp_path}")
     assert done.returncode == 0, done.stderr
     drawn = {Path(json.loads(line)["plot"]).relative_to(tmp_path).as_posix() for line in done.stdout.splitlines()}
@@ -88,6 +89,29 @@ def test_committed_results_are_redrawn_from_their_kept_files(tmp_path):
         assert_same_picture(tmp_path / png, RESULTS / png)
     for seed in range(3):
         assert_png(tmp_path / f"offpolicy_learning/redq-pendulum-seed{seed}/curves.png")
+
+
+# runs recorded by an earlier offpolicy_learning.py, as <case>.json without a seed; the current one writes <case>.jsonl
+SINGLE_RUN_RECORDS = {"ddpg-pendulum-options.json", "sac-halfcheetah.json", "td3-halfcheetah.json"}
+# recorded before a record kept its run's curves
+WITHOUT_CURVES = {"redq-pendulum-newloss"}
+
+
+def test_learning_records_are_one_jsonl_per_case_with_one_line_per_seed():
+    learning = RESULTS / "offpolicy_learning"
+    cases = sorted(learning.glob("*.jsonl"))
+    assert cases
+    for path in cases:
+        runs = [json.loads(line) for line in path.read_text().splitlines()]
+        assert runs and all(isinstance(run, dict) for run in runs), path.name
+        needs = {"seed", "case", "eval_returns", "target", "budget_env_steps", "summary", "config",
+                 *(() if path.stem in WITHOUT_CURVES else ("curves",))}
+        for number, run in enumerate(runs, start=1):
+            assert needs <= run.keys(), f"{path.name}:{number} lacks {sorted(needs - run.keys())}"
+        seeds = [run["seed"] for run in runs]
+        assert len(set(seeds)) == len(seeds), f"{path.name} holds a seed twice: {seeds}"
+    assert {p.name for p in learning.glob("*.json")} == SINGLE_RUN_RECORDS  # no per-seed <case>-seed<N>.json
+    assert {p.name.removesuffix("-seeds.png") for p in learning.glob("*-seeds.png")} <= {p.stem for p in cases}
 
 
 @pytest.mark.parametrize("content, message", [
@@ -110,18 +134,26 @@ def test_missing_or_empty_results_and_bad_records_are_one_error_line(tmp_path):
     done = plot_results(f"results={tmp_path / 'nowhere'}")
     assert done.returncode == 2 and "is not a directory" in done.stderr
     done = plot_results(f"results={tmp_path}")
-    assert done.returncode == 2 and "holds no curves.json and no offpolicy_learning/*.json record" in done.stderr
+    assert done.returncode == 2 and "holds no curves.json and no offpolicy_learning/*.jsonl record" in done.stderr
     (tmp_path / "offpolicy_learning").mkdir()
-    (tmp_path / "offpolicy_learning" / "sac-pendulum-seed0.json").write_text('{"case": "sac-pendulum"}')
+    records = tmp_path / "offpolicy_learning" / "sac-pendulum.jsonl"
+    records.write_text('{"case": "sac-pendulum", "seed": 0}\n')
     done = plot_results(f"results={tmp_path}")
-    assert done.returncode == 2 and "lacks eval_returns, target, budget_env_steps" in done.stderr
+    assert done.returncode == 2 and "sac-pendulum.jsonl:1 lacks eval_returns, target, budget_env_steps" in done.stderr
+    records.write_text("\n")
+    done = plot_results(f"results={tmp_path}")
+    assert done.returncode == 2 and "sac-pendulum.jsonl holds no record" in done.stderr
+    records.write_text('{"case": "sac-pendulum", "seed": 0,\n')
+    done = plot_results(f"results={tmp_path}")
+    assert done.returncode == 2 and "sac-pendulum.jsonl:1 is not JSON" in done.stderr
     done = plot_results("colour=red")
     assert done.returncode == 2 and "allowed: results=DIR, out=DIR" in done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_a_learning_record_carries_the_runs_config_and_curves(tmp_path, monkeypatch):
-    """offpolicy_learning.py's record of a finished run holds what its (git-ignored) run directory drew from."""
+    """offpolicy_learning.py's record of a finished run holds what its (git-ignored) run directory drew from, as the
+    line of its seed in its case's records."""
     spec = importlib.util.spec_from_file_location("offpolicy_learning", REPO / "benchmarks" / "offpolicy_learning.py")
     learning = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(learning)
@@ -132,7 +164,9 @@ def test_a_learning_record_carries_the_runs_config_and_curves(tmp_path, monkeypa
     record = learning.finish_case("sac-pendulum", 0, subprocess.Popen(["true"]), run_dir, time.time())
     assert record["config"] == {"algo": "sac", "seed": 0}
     assert record["curves"] == json.loads((run_dir / "curves.json").read_text())
-    assert json.loads((tmp_path / "sac-pendulum-seed0.json").read_text()) == record
+    assert record["seed"] == 0
+    assert [json.loads(line) for line in (tmp_path / "sac-pendulum.jsonl").read_text().splitlines()] == [record]
+    assert learning.records("sac-pendulum") == {0: record}
 
 
 def test_gitignore_keeps_run_output_out_and_summaries_in():
@@ -144,11 +178,12 @@ def test_gitignore_keeps_run_output_out_and_summaries_in():
            "benchmarks/results/a3c_pong/videos/evaluate_1.mp4", "benchmarks/results/a3c_pong/pids.json",
            "benchmarks/results/offpolicy_atari/dqn-pong/replay/storage.memmap",
            "benchmarks/results/offpolicy_learning/sac-pendulum-seed0/summary.json",
-           "benchmarks/results/offpolicy_learning/sac-pendulum-seed0/curves.png"]
+           "benchmarks/results/offpolicy_learning/sac-pendulum-seed0/curves.png",
+           "benchmarks/results/offpolicy_learning/sac-pendulum.jsonl.lock"]
     kept = ["benchmarks/results/a3c_pong/summary.json", "benchmarks/results/a3c_pong/config.yaml",
             "benchmarks/results/a3c_pong/curves.json", "benchmarks/results/a3c_pong/curves.png",
             "benchmarks/results/a3c_pong/evaluation.json", "benchmarks/results/offpolicy_atari/dqn-pong/train_log.txt",
-            "benchmarks/results/offpolicy_learning/sac-pendulum-seed0.json",
+            "benchmarks/results/offpolicy_learning/sac-pendulum.jsonl",
             "benchmarks/results/offpolicy_learning/sac-pendulum-seeds.png", "benchmarks/results/plan_vs_run.jsonl"]
     # --no-index: judge the rules themselves, also for paths git already tracks
     done = subprocess.run(["git", "check-ignore", "--no-index", *raw, *kept], cwd=REPO, capture_output=True, text=True)
