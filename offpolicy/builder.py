@@ -70,7 +70,7 @@ class Builder:
                          storing_device="cpu" if policy_device is not None else None)
 
     def replay(self, run_dir: Path | None = None):
-        """The replay buffer of this process (offpolicy/replay.py); a memmap one keeps its files under ``run_dir``
+        """The replay buffer of this process (offpolicy/replay/); a memmap one keeps its files under ``run_dir``
         unless ``replay.scratch_dir`` says where."""
         return replay.make_replay_buffer(self.cfg, run_dir)
 

@@ -41,7 +41,7 @@ def transition_bytes(cfg: DictConfig) -> int:
     from offpolicy.rollout import for_replay
 
     if cfg.replay.frames_once:
-        from offpolicy.frame_replay import frame_replay_bytes_per_transition
+        from offpolicy.replay.frames import frame_replay_bytes_per_transition
 
         return frame_replay_bytes_per_transition(cfg.replay.size, cfg.env.num_envs, cfg.env.atari.frame_stack,
                                                  cfg.env.atari.image_size)

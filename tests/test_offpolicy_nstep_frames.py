@@ -15,9 +15,9 @@ from tensordict import TensorDict
 from offpolicy.builder import Builder
 from offpolicy.config import compose_config
 from offpolicy.envs import make_train_env
-from offpolicy.frame_replay import FrameReplay
-from offpolicy.nstep import n_step_transitions
 from offpolicy.plan import make_plan
+from offpolicy.replay.frames import FrameReplay
+from offpolicy.replay.nstep import n_step_transitions
 from offpolicy.rollout import for_replay
 from shared.config import ConfigError
 
