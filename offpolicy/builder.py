@@ -43,13 +43,13 @@ class Builder:
                   policy_device: torch.device | None = None):
         """A collector running the stochastic ``policy`` on ``env`` (seeded by the caller), batches of
         ``env_steps_per_batch`` transitions (default ``collector.env_steps_per_batch``; a Ray collector actor takes
-        its share): our :class:`~offpolicy.collection.LeanCollector` where it applies (then seeded ``seed``, default
+        its share): our :class:`~offpolicy.collect.lean.LeanCollector` where it applies (then seeded ``seed``, default
         ``cfg.seed``, and ``env`` gives only its specs and observation statistics), else torchrl's ``Collector``
         (with the policy on ``policy_device``: a Ray collector's GPU). Transitions carry the ``policy_version`` they
         were collected with (bumped by every weight publication). When the run compiles the policy runs under
         torch.compile too (one CartPole step of DQN's TensorDict policy: ~70 against ~120 µs, one check on a busy
         machine), except a policy the lean collector runs on plain tensors (DQN's: ~40 µs eager)."""
-        from offpolicy.collection import LeanCollector, lean_collection
+        from offpolicy.collect.lean import LeanCollector, lean_collection
 
         cfg = self.cfg
         steps = cfg.collector.env_steps_per_batch if env_steps_per_batch is None else env_steps_per_batch

@@ -37,8 +37,8 @@ def transition_bytes(cfg: DictConfig) -> int:
     import torch
     from omegaconf import OmegaConf
 
-    from offpolicy.collection import lean_collection
-    from offpolicy.rollout import for_replay
+    from offpolicy.collect.lean import lean_collection
+    from offpolicy.collect.statistics import for_replay
 
     if cfg.replay.frames_once:
         from offpolicy.replay.frames import frame_replay_bytes_per_transition

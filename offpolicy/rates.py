@@ -89,8 +89,8 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 
     from offpolicy.builder import Builder
+    from offpolicy.collect.statistics import for_replay
     from offpolicy.learner import SAMPLE_CHUNK
-    from offpolicy.rollout import for_replay
 
     torch.set_num_threads(cfg.threads)
     rates = Rates(threads=cfg.threads, cores=os.cpu_count() or 1, matmul_flops=matmul_flops())

@@ -13,12 +13,12 @@ from offpolicy_helpers import run_cli, summary, train_inprocess, window_length
 from tensordict import TensorDict
 
 from offpolicy.builder import Builder
+from offpolicy.collect.statistics import for_replay
 from offpolicy.config import compose_config
 from offpolicy.envs import make_train_env
 from offpolicy.plan import make_plan
 from offpolicy.replay.frames import FrameReplay
 from offpolicy.replay.nstep import n_step_transitions
-from offpolicy.rollout import for_replay
 from shared.config import ConfigError
 
 

@@ -62,7 +62,7 @@ def test_plan_bytes_per_transition_is_what_the_replay_allocates(overrides, expec
     """The plan's bytes per transition against the tensors a real replay holds once two env copies' collected
     batches have filled it (every stored key, at the dtype it is stored with, over the capacity)."""
     from offpolicy.builder import Builder
-    from offpolicy.rollout import for_replay
+    from offpolicy.collect.statistics import for_replay
 
     capacity = 64
     cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=smoke", "env.num_envs=2",

@@ -18,7 +18,7 @@ from shared.config import ConfigError, Rule
 @runtime_checkable
 class ActsOnTensors(Protocol):
     """A collection policy that can also act on plain tensors, ``act(observation [n, d]) -> action [n, ...]`` as its
-    TensorDict path writes ``"action"``, for the lean collector (offpolicy/collection.py)."""
+    TensorDict path writes ``"action"``, for the lean collector (offpolicy/collect/lean.py)."""
 
     def act(self, observation: torch.Tensor) -> torch.Tensor: ...
 
