@@ -1,6 +1,6 @@
 """The one place a run's parts are made from its config (Acme's builder idea): the training and evaluation envs, the
 algorithm's parts (offpolicy/algos/), the collector (in this process or in a Ray collector actor), the replay buffer and the learner. The entry point, both
-engines and the rate probes (offpolicy/rates.py) build through it, so a part is assembled the same way wherever it
+engines and the rate probes (offpolicy/tools/rates.py) build through it, so a part is assembled the same way wherever it
 runs; where it runs is the engine's choice (offpolicy/engines/)."""
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ class Algorithm:
 
     name: str
     discrete: bool  # action space: discrete (one-hot, e.g. CartPole, ALE games) or bounded continuous
-    smoke_env: str  # the env of its smoke runs (``offpolicy.suite profile=*smoke``)
+    smoke_env: str  # the env of its smoke runs (``offpolicy.tools.suite profile=*smoke``)
     build: Callable[[DictConfig, object], AlgoParts]  # (cfg, anything with torchrl ``*_spec_unbatched``) -> parts
     rules: dict[str, Rule] = field(default_factory=dict)  # its config section's keys and what each allows
     # keys newer than some of its checkpoints, with the value those runs used (a resume keeps it)

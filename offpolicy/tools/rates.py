@@ -1,5 +1,5 @@
-"""Rates measured on this machine, in seconds, for :mod:`offpolicy.plan`'s wall-time prediction. Every figure comes
-from the engine's own parts (the training env of each backend, the collector with the run's policy, the replay
+"""Rates measured on this machine, in seconds, for :mod:`offpolicy.tools.plan`'s wall-time prediction. Every figure
+comes from the engine's own parts (the training env of each backend, the collector with the run's policy, the replay
 buffer, the learner) doing the run's work at the run's sizes, or at the largest size measured when the run's does not
 fit here (then marked ``extrapolated``)."""
 from __future__ import annotations
