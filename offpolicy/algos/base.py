@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from offpolicy.updates import OptimGroup, TargetUpdate
+from offpolicy.network_updates import OptimGroup, TargetUpdate
 from shared.config import ConfigError, Rule
 
 
