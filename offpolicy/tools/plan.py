@@ -294,7 +294,7 @@ def available_backends(cfg: DictConfig) -> tuple[str, ...]:
     from omegaconf import OmegaConf
 
     from offpolicy.config import check_env_backend
-    from shared.backends import ENV_BACKENDS
+    from shared.env_backends import ENV_BACKENDS
 
     usable = []
     for backend in ENV_BACKENDS:
