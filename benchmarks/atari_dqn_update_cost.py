@@ -31,7 +31,7 @@ from offpolicy.learner import make_learner  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
 from offpolicy.builder import Builder  # noqa: E402
 from offpolicy.envs import make_train_env  # noqa: E402
-from offpolicy.rollout import for_replay  # noqa: E402
+from offpolicy.collect.statistics import for_replay  # noqa: E402
 from offpolicy.replay import make_replay_buffer  # noqa: E402
 
 BUILDS = ("eager", "channels_last", "compiled")

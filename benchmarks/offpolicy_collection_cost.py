@@ -17,7 +17,7 @@ local engine builds them (offpolicy/engines/local.py), with one torch thread:
     overhead       collector - torchrl_env - policy: the Collector's own work (carrier updates, policy version,
                    traj ids, stacking the batch)
     raw_env_fraction  raw_env / collector: the share of collection that is the simulator
-    lean_collector one batch of the engine's lean collector (offpolicy/collection.py, the default where it applies:
+    lean_collector one batch of the engine's lean collector (offpolicy/collect/lean.py, the default where it applies:
                    the Gymnasium copies stepped in a loop with numpy, the policy's plain-tensor ``act`` where it
                    has one, one TensorDict per batch) over its env steps
     lean_overhead  lean_collector - raw_env - (tensor_policy, else policy): what is neither the simulator nor the
@@ -51,11 +51,10 @@ import torch  # noqa: E402
 from torchrl.envs.utils import ExplorationType, set_exploration_type  # noqa: E402
 
 from offpolicy.algos.base import ActsOnTensors, DrawsAhead, anneal  # noqa: E402
-from offpolicy.config import compose_config  # noqa: E402
-from offpolicy.rollout import RolloutStats  # noqa: E402
 from offpolicy.builder import Builder  # noqa: E402
+from offpolicy.collect.statistics import RolloutStats, for_replay  # noqa: E402
+from offpolicy.config import compose_config  # noqa: E402
 from offpolicy.envs import make_train_env  # noqa: E402
-from offpolicy.rollout import for_replay  # noqa: E402
 from offpolicy.replay import make_replay_buffer  # noqa: E402
 
 CASES = {"dqn": "CartPole-v1", "sac": "HalfCheetah-v5"}

@@ -1,6 +1,6 @@
 """What prioritized replay costs (a figure, not a test): sample calls and priority updates per second of a
 TensorDictReplayBuffer holding 1,000,000 HalfCheetah-sized transitions (observation 17, action 6, reward, done, next
-observation), batch 256, with offpolicy.prioritized.TorchPrioritizedSampler (torchrl's PrioritizedSampler on
+observation), batch 256, with offpolicy.replay.prioritized.TorchPrioritizedSampler (torchrl's PrioritizedSampler on
 pure-torch segment trees; alpha 0.6, beta 0.4, random priorities) and, for comparison, torchrl's uniform
 RandomSampler (whose update_tensordict_priority returns at once: it is not a PrioritizedSampler). Wall clock (time.perf_counter), one torch thread.
 
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer  # noqa: E402
 
-from offpolicy.prioritized import TorchPrioritizedSampler  # noqa: E402
+from offpolicy.replay.prioritized import TorchPrioritizedSampler  # noqa: E402
 
 BATCH, CHUNK = 256, 100_000
 

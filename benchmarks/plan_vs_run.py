@@ -2,7 +2,7 @@
 
     python benchmarks/plan_vs_run.py [algo=sac] [profile=scale_rehearsal] [key=value ...]
 
-First ``python -m offpolicy.plan`` measures the rates here and predicts the run (its JSON line); then
+First ``python -m offpolicy.tools.plan`` measures the rates here and predicts the run (its JSON line); then
 ``python -m offpolicy.train`` runs the same config in a fresh process. Compared: the whole wall time (the train
 process, start to exit) and the per-round collect and learn times (from
 the run's ``collector/env_steps_per_s``, which covers the replay write, and ``time/updates_per_s``). Goal: the prediction within 30 % of the measured
@@ -37,8 +37,8 @@ def main(argv: list[str]) -> None:
     args.update(a.split("=", 1) for a in argv)
     overrides = [f"{k}={v}" for k, v in args.items()]
     name = f"{args['algo']}-{args['profile']}"
-    plan_out = subprocess.run([sys.executable, "-m", "offpolicy.plan", *overrides], cwd=ROOT, capture_output=True,
-                              text=True, check=True)
+    plan_out = subprocess.run([sys.executable, "-m", "offpolicy.tools.plan", *overrides], cwd=ROOT,
+                              capture_output=True, text=True, check=True)
     plan = json.loads(plan_out.stdout.strip().splitlines()[-1])
     timing = plan["timing"]
     run_dir = ROOT / "benchmarks" / "results" / "plan_vs_run" / name

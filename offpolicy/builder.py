@@ -1,6 +1,6 @@
 """The one place a run's parts are made from its config (Acme's builder idea): the training and evaluation envs, the
 algorithm's parts (offpolicy/algos/), the collector (in this process or in a Ray collector actor), the replay buffer and the learner. The entry point, both
-engines and the rate probes (offpolicy/rates.py) build through it, so a part is assembled the same way wherever it
+engines and the rate probes (offpolicy/tools/rates.py) build through it, so a part is assembled the same way wherever it
 runs; where it runs is the engine's choice (offpolicy/engines/)."""
 from __future__ import annotations
 
@@ -43,13 +43,13 @@ class Builder:
                   policy_device: torch.device | None = None):
         """A collector running the stochastic ``policy`` on ``env`` (seeded by the caller), batches of
         ``env_steps_per_batch`` transitions (default ``collector.env_steps_per_batch``; a Ray collector actor takes
-        its share): our :class:`~offpolicy.collection.LeanCollector` where it applies (then seeded ``seed``, default
+        its share): our :class:`~offpolicy.collect.lean.LeanCollector` where it applies (then seeded ``seed``, default
         ``cfg.seed``, and ``env`` gives only its specs and observation statistics), else torchrl's ``Collector``
         (with the policy on ``policy_device``: a Ray collector's GPU). Transitions carry the ``policy_version`` they
         were collected with (bumped by every weight publication). When the run compiles the policy runs under
         torch.compile too (one CartPole step of DQN's TensorDict policy: ~70 against ~120 µs, one check on a busy
         machine), except a policy the lean collector runs on plain tensors (DQN's: ~40 µs eager)."""
-        from offpolicy.collection import LeanCollector, lean_collection
+        from offpolicy.collect.lean import LeanCollector, lean_collection
 
         cfg = self.cfg
         steps = cfg.collector.env_steps_per_batch if env_steps_per_batch is None else env_steps_per_batch
@@ -70,7 +70,7 @@ class Builder:
                          storing_device="cpu" if policy_device is not None else None)
 
     def replay(self, run_dir: Path | None = None):
-        """The replay buffer of this process (offpolicy/replay.py); a memmap one keeps its files under ``run_dir``
+        """The replay buffer of this process (offpolicy/replay/); a memmap one keeps its files under ``run_dir``
         unless ``replay.scratch_dir`` says where."""
         return replay.make_replay_buffer(self.cfg, run_dir)
 

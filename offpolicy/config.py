@@ -12,8 +12,8 @@ from offpolicy.checkpoint import RENAMED, Checkpoint
 from offpolicy.engines import ENGINES, engine_class
 from shared.atari import is_atari
 from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, compose, parse_overrides
+from shared.env_backends import ENV_BACKENDS, check_backend
 from shared.envs import check_gym_name, check_renders
-from shared.backends import ENV_BACKENDS, check_backend
 from shared.logging import BACKENDS, check_logger_backend
 
 CONFIG_DIR = CONFIG_ROOT / "offpolicy"

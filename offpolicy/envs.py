@@ -56,7 +56,7 @@ def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: in
     from torchrl.envs import (Compose, DoubleToFloat, InitTracker, ParallelEnv, RewardSum, SerialEnv, StepCounter,
                               TransformedEnv)
 
-    from shared.backends import make_batched_env
+    from shared.env_backends import make_batched_env
 
     n = cfg.env.num_envs if num_envs is None else num_envs
     seed = cfg.seed if seed is None else seed

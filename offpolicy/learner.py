@@ -31,7 +31,7 @@ from tensordict import TensorDictBase
 from offpolicy.compiling import compile_choice, describe_failure
 from offpolicy.invariants import InvariantError, check_sample_batch
 from offpolicy.metrics import action_stats
-from offpolicy.updates import OptimGroup, TargetUpdate
+from offpolicy.network_updates import OptimGroup, TargetUpdate
 from shared import compat
 
 # Uniform samples of a round are drawn this many batches per replay call and split: the same i.i.d. draws as one

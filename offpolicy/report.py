@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from offpolicy.rollout import Rollout
+from offpolicy.collect.statistics import Rollout
 
 
 @dataclass

@@ -173,13 +173,13 @@ def reopen_memmap_replay(replay, scratch_dir: Path, state: dict) -> None:
 def replay_write_cursor(replay) -> int:
     """Where a torchrl 0.14.1 replay buffer's next write goes (its ``RoundRobinWriter``'s private ``_cursor``; the
     public ``state_dict()`` has it too, but also returns the storage's whole data): the memmap replay's undo journal
-    saves the entries there before they are overwritten (offpolicy/replay.py)."""
+    saves the entries there before they are overwritten (offpolicy/replay/buffer.py)."""
     return int(replay._writer._cursor)
 
 
 def replay_state_write_count(state: dict) -> int:
     """The write count in a torchrl 0.14.1 replay buffer's ``state_dict()`` (under the writer's ``_writer`` /
-    ``_write_count`` keys): the memmap replay's journal undoes the writes made after it (offpolicy/replay.py)."""
+    ``_write_count`` keys): the memmap replay's journal undoes the writes made after it (offpolicy/replay/buffer.py)."""
     return int(state["_writer"]["_write_count"])
 
 
@@ -190,7 +190,7 @@ class PrioritizedTreesHook:
     ``set_all`` to load) so ``torch.load(weights_only=True)`` accepts the state."""
 
     TREES = ("_sum_tree", "_min_tree")
-    tree_class: type  # set by the concrete sampler (offpolicy/prioritized.py)
+    tree_class: type  # set by the concrete sampler (offpolicy/replay/prioritized.py)
 
     def _init(self) -> None:
         self._sum_tree = self.tree_class(self._max_capacity, "sum", self.dtype)

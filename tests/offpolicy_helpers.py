@@ -53,8 +53,8 @@ def smoke_parts(algo: str, *overrides: str):
 
 def window_length(ended: list[bool], t: int, n: int) -> int:
     """Steps of step ``t``'s n-step window within one env's batch, by plain counting (a reference independent of
-    offpolicy/nstep.py): it stops after an ended step (``ended``: the batch's per-step end flags) and at the batch's
-    end."""
+    offpolicy/replay/nstep.py): it stops after an ended step (``ended``: the batch's per-step end flags) and at the
+    batch's end."""
     k = 1
     while k < n and not ended[t + k - 1] and t + k < len(ended):
         k += 1

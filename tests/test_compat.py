@@ -62,7 +62,7 @@ def test_replay_write_cursor_and_state_write_count_follow_the_ring(tmp_path):
 
 
 def test_prioritized_sampler_builds_our_trees_and_checkpoints_them_as_tensors():
-    from offpolicy.prioritized import TorchPrioritizedSampler, TorchSegmentTree
+    from offpolicy.replay.prioritized import TorchPrioritizedSampler, TorchSegmentTree
 
     sampler = TorchPrioritizedSampler(8, alpha=1.0, beta=1.0)
     sum_tree, min_tree = sampler.trees()
@@ -82,7 +82,7 @@ def test_prioritized_sampler_draws_from_the_buffers_generator_or_torchs():
     use numpy's global RNG)."""
     from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-    from offpolicy.prioritized import TorchPrioritizedSampler
+    from offpolicy.replay.prioritized import TorchPrioritizedSampler
 
     def draws(generator=None):
         rb = ReplayBuffer(storage=LazyTensorStorage(50), sampler=TorchPrioritizedSampler(50, alpha=1.0, beta=1.0),

@@ -10,7 +10,7 @@ pytest.importorskip("envpool")
 
 
 def _envpool(name: str, n: int, seed: int = 0):
-    from shared.backends import make_batched_env
+    from shared.env_backends import make_batched_env
 
     return make_batched_env("envpool", name, n, seed)
 
@@ -96,8 +96,8 @@ def test_envpool_refuses_what_it_cannot_step(args, needle):
 def test_envpool_names_the_tasks_it_lacks():
     """(Every Box-observation Gymnasium id installed here is an envpool task, so the backend check is called
     directly: Taxi's discrete observations are refused before it when composing.)"""
-    from shared.backends import check_backend
     from shared.config import ConfigError
+    from shared.env_backends import check_backend
 
     with pytest.raises(ConfigError, match=r"^env.name='Taxi-v4' is not an envpool task; allowed with "
                                           r"env.backend=envpool: Taxi-v3$"):

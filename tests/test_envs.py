@@ -117,7 +117,7 @@ def test_a_lost_life_ends_the_training_episode_but_not_the_game():
     """ALE's own episodic_life restarted the whole game at every lost life (lives stayed 5); here the game goes on:
     4 lost lives per finished 5-life game, the emulator's episode frame counter keeps running across them, and the
     replay sees each lost life as a terminal transition."""
-    from offpolicy.rollout import for_replay
+    from offpolicy.collect.statistics import for_replay
 
     td = _offpolicy_breakout(1200)
     nxt = td["next"]
@@ -142,7 +142,7 @@ def test_fire_after_a_lost_life_relaunches_the_ball():
 
     noop = TensorDictModule(lambda obs: torch.nn.functional.one_hot(torch.zeros(obs.shape[:-3], dtype=torch.long), 4),
                             in_keys=["observation"], out_keys=["action"])
-    from offpolicy.rollout import for_replay
+    from offpolicy.collect.statistics import for_replay
 
     td = _offpolicy_breakout(1500, noop)
     nxt = td["next"]

@@ -11,7 +11,7 @@ import torch
 from offpolicy_helpers import window_length
 
 from offpolicy.builder import Builder
-from offpolicy.collection import LeanCollector
+from offpolicy.collect.lean import LeanCollector
 from offpolicy.config import compose_config
 from offpolicy.engines import engine_class
 

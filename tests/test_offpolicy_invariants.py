@@ -7,8 +7,8 @@ from offpolicy_helpers import train_inprocess
 
 from offpolicy import train
 from offpolicy.builder import Builder
+from offpolicy.collect.statistics import Rollout
 from offpolicy.invariants import InvariantError, check_finite
-from offpolicy.rollout import Rollout
 
 ARGS = ("algo=dqn", "profile=smoke", "eval.interval_env_steps=0", "eval.final_episodes=0")
 

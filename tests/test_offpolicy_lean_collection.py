@@ -1,4 +1,4 @@
-"""The local lean collector (offpolicy/collection.py) against the env itself and against torchrl's Collector: every
+"""The local lean collector (offpolicy/collect/lean.py) against the env itself and against torchrl's Collector: every
 recorded transition is the env's own (replayed step by step in an independent Gymnasium env from the same seed), the
 final observation of an episode is its real last one, the episode statistics and trajectory ids follow the episodes,
 and a batch has the keys, shapes and dtypes of the Collector's batch."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from offpolicy.builder import Builder
-from offpolicy.collection import LeanCollector, lean_collection
+from offpolicy.collect.lean import LeanCollector, lean_collection
 from offpolicy.config import compose_config
 from offpolicy.engines import engine_class
 from offpolicy.envs import make_train_env

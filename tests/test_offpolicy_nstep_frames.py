@@ -13,12 +13,12 @@ from offpolicy_helpers import run_cli, summary, train_inprocess, window_length
 from tensordict import TensorDict
 
 from offpolicy.builder import Builder
+from offpolicy.collect.statistics import for_replay
 from offpolicy.config import compose_config
 from offpolicy.envs import make_train_env
-from offpolicy.frame_replay import FrameReplay
-from offpolicy.nstep import n_step_transitions
-from offpolicy.plan import make_plan
-from offpolicy.rollout import for_replay
+from offpolicy.replay.frames import FrameReplay
+from offpolicy.replay.nstep import n_step_transitions
+from offpolicy.tools.plan import make_plan
 from shared.config import ConfigError
 
 
@@ -389,8 +389,8 @@ def test_atari_frames_once_resumes_with_its_replay(tmp_path):
 
 
 def test_plan_measures_the_atari_profile():
-    """``offpolicy.plan`` times the run's own parts: n-step writes and the frame replay included."""
-    from offpolicy.rates import measure
+    """``offpolicy.tools.plan`` times the run's own parts: n-step writes and the frame replay included."""
+    from offpolicy.tools.rates import measure
 
     cfg, _ = compose_config(["algo=dqn", "profile=atari", "env=Breakout", "env.num_envs=4",
                              "collector.env_steps_per_batch=60", "collector.prefill_env_steps=60"])

@@ -1,6 +1,6 @@
 """``collector.overlap``: the lean collector in a child process, one batch ahead of the learner
-(offpolicy/overlap.py). The hand-over gives one round of policy lag and no more, the same batches on a second run, a
-dead or silent child ends the run with one line, and the settings it cannot serve are refused."""
+(offpolicy/collect/overlap.py). The hand-over gives one round of policy lag and no more, the same batches on a second
+run, a dead or silent child ends the run with one line, and the settings it cannot serve are refused."""
 from __future__ import annotations
 
 import copy
@@ -14,9 +14,9 @@ import torch
 from offpolicy_helpers import train_inprocess
 
 from offpolicy.builder import Builder
+from offpolicy.collect.overlap import BackgroundCollector, CollectorLost
 from offpolicy.config import compose_config
 from offpolicy.envs import make_train_env, obs_norm_state
-from offpolicy.overlap import BackgroundCollector, CollectorLost
 from shared.config import ConfigError
 
 

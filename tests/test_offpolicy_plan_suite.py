@@ -1,6 +1,6 @@
-"""``python -m offpolicy.plan``: every profile composes and plans, with the numbers the scale profiles promise; broken
-invariants are one error line and exit 2. ``python -m offpolicy.suite``: every algorithm in its own process, every
-failure recorded."""
+"""``python -m offpolicy.tools.plan``: every profile composes and plans, with the numbers the scale profiles promise;
+broken invariants are one error line and exit 2. ``python -m offpolicy.tools.suite``: every algorithm in its own
+process, every failure recorded."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pytest
 import torch
 from proc import run_module
 
-from offpolicy.plan import make_plan
 from offpolicy.config import compose_config
+from offpolicy.tools.plan import make_plan
 from shared.config import CONFIG_ROOT, ConfigError
 
 PROFILES = sorted(p.stem for p in (CONFIG_ROOT / "offpolicy" / "profile").glob("*.yaml"))
@@ -62,7 +62,7 @@ def test_plan_bytes_per_transition_is_what_the_replay_allocates(overrides, expec
     """The plan's bytes per transition against the tensors a real replay holds once two env copies' collected
     batches have filled it (every stored key, at the dtype it is stored with, over the capacity)."""
     from offpolicy.builder import Builder
-    from offpolicy.rollout import for_replay
+    from offpolicy.collect.statistics import for_replay
 
     capacity = 64
     cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=smoke", "env.num_envs=2",
@@ -107,7 +107,7 @@ def test_scale_profiles_match_the_seed_suite(profile, env, transition_bytes):
 
 
 def test_plan_rejects_a_broken_invariant():
-    result = run_module("offpolicy.plan", "algo=sac", "profile=scale", "ray.world_size=3", timeout=60)
+    result = run_module("offpolicy.tools.plan", "algo=sac", "profile=scale", "ray.world_size=3", timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(
         "error: optim.batch_size=16384 is not allowed; allowed: a multiple of ray.world_size=3")
@@ -117,7 +117,7 @@ def test_plan_rejects_a_broken_invariant():
 
 
 def test_plan_prints_lines_and_json():
-    result = run_module("offpolicy.plan", "algo=dqn", "profile=smoke", timeout=180)
+    result = run_module("offpolicy.tools.plan", "algo=dqn", "profile=smoke", timeout=180)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[0] == "dqn on CartPole-v1, engine local"
@@ -133,7 +133,7 @@ def test_plan_prints_lines_and_json():
 
 
 def test_plan_without_measuring(capsys):
-    from offpolicy.plan import main
+    from offpolicy.tools.plan import main
     from shared.config import run_cli
 
     assert main(["algo=dqn", "profile=smoke", "measure=false"]) == 0
@@ -146,7 +146,7 @@ def test_plan_without_measuring(capsys):
 
 def test_suite_records_every_failure(tmp_path):
     """sac cannot run on CartPole (exit 2); the suite still runs dqn after it and reports both."""
-    result = run_module("offpolicy.suite", "profile=smoke", "algos=sac,dqn", "env=CartPole-v1",
+    result = run_module("offpolicy.tools.suite", "profile=smoke", "algos=sac,dqn", "env=CartPole-v1",
                         "eval.final_episodes=0", f"suite_dir={tmp_path}", timeout=240)
     assert result.returncode == 1, result.stdout + result.stderr
     report = json.loads((tmp_path / "suite.json").read_text())
@@ -168,7 +168,7 @@ RATES = {"collector_batch": 100, "collector_step_s": 0.01, "policy_forward_s": 0
 
 
 def test_prediction_arithmetic_from_given_rates():
-    from offpolicy.plan import predict
+    from offpolicy.tools.plan import predict
 
     t = predict(PLAN, RATES)
     # 10 collector steps of 0.01 s, 1,000 writes of 10 us, 50 updates of 20 ms
@@ -186,7 +186,7 @@ def test_prediction_arithmetic_from_given_rates():
 
 
 def test_prediction_scales_absent_hardware_by_stated_factors():
-    from offpolicy.plan import ESTIMATES, H200_FP32_FLOPS, predict
+    from offpolicy.tools.plan import ESTIMATES, H200_FP32_FLOPS, predict
 
     plan = {**PLAN, "envs_per_collector": 25_000, "env_steps_per_collector_round": 25_000,
             "env_steps_per_round": 100_000, "engine": "ray", "backend": "envpool", "collector_cpus": 8,
@@ -208,7 +208,7 @@ def test_prediction_scales_absent_hardware_by_stated_factors():
 
 
 def test_env_step_table_only_measures_backends_that_can_run_the_env():
-    from offpolicy.plan import available_backends
+    from offpolicy.tools.plan import available_backends
 
     assert available_backends(compose_config(["algo=sac"])[0]) == ("gymnasium", "envpool")
     for args in (["algo=dqn", "env=Pong"], ["algo=sac", "env.from_pixels=true"]):

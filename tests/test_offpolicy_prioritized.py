@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
-from offpolicy.prioritized import TorchPrioritizedSampler
+from offpolicy.replay.prioritized import TorchPrioritizedSampler
 
 N, B, ALPHA, BETA = 100, 5000, 0.7, 0.5
 HOT = torch.tensor([3, 17, 42])
@@ -165,7 +165,7 @@ def test_sampling_only_covers_the_filled_part():
 
 
 def test_segment_tree_matches_brute_force():
-    from offpolicy.prioritized import TorchSegmentTree
+    from offpolicy.replay.prioritized import TorchSegmentTree
 
     torch.manual_seed(0)
     cap = 1000  # not a power of two: padding leaves must stay neutral

@@ -18,9 +18,9 @@ from offpolicy_helpers import run_cli, summary
 from proc import start_module
 
 from offpolicy.builder import Builder
-from offpolicy.invariants import InvariantError
-from offpolicy.rollout import Rollout
+from offpolicy.collect.statistics import Rollout
 from offpolicy.config import compose_config
+from offpolicy.invariants import InvariantError
 from shared.checkpoint import load_checkpoint
 from shared.config import ConfigError
 from shared.logging import read_scalars
@@ -347,7 +347,7 @@ def test_a_collector_actor_runs_the_lean_collector_on_its_own_seed_slot():
     import gymnasium as gym
     from tensordict import TensorDict
 
-    from offpolicy.collection import LeanCollector
+    from offpolicy.collect.lean import LeanCollector
     from torchrl.data import LazyTensorStorage
 
     from offpolicy.engines.ray_collectors import CollectorActor, ShareReplayBuffer

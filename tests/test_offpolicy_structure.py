@@ -1,6 +1,6 @@
 """The off-policy engine's structure, checked on its source: the engine seam does not leak (nothing outside
 offpolicy/engines/ imports an engine module; engines/base.py is only the interface), the parts are assembled in one
-place (offpolicy/builder.py), and no two factories share a name."""
+place (offpolicy/builder.py), no two factories share a name, and no module imports itself through others."""
 from __future__ import annotations
 
 import ast
@@ -12,28 +12,49 @@ MODULES = sorted(REPO.glob("offpolicy/**/*.py"))
 FACTORIES = {"make_train_env", "make_eval_env", "make_replay_buffer", "make_learner"}
 
 
+def _module_name(path: Path) -> str:
+    """``offpolicy/replay/buffer.py`` -> ``offpolicy.replay.buffer``, ``offpolicy/replay/__init__.py`` ->
+    ``offpolicy.replay``."""
+    return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
+
+MODULE_NAMES = {_module_name(path) for path in MODULES}
+
+
 def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
-def _imported_modules(tree: ast.Module) -> set[str]:
+def _imported_modules(nodes) -> set[str]:
+    """The offpolicy modules the import statements among ``nodes`` name: ``from package import module`` the module,
+    ``from module import name`` the module."""
     names = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+            names.update(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULE_NAMES
+                         else node.module for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-    return names
+    return names & MODULE_NAMES
+
+
+def _run_on_import(tree: ast.Module):
+    """The nodes of a module that run when it is imported: all but the bodies of its functions."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(child for child in ast.iter_child_nodes(node)
+                     if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
 def test_only_the_engines_package_imports_an_engine_module():
     engine_modules = {f"offpolicy.engines.{p.stem}" for p in REPO.glob("offpolicy/engines/*.py")} - {
         "offpolicy.engines.__init__", "offpolicy.engines.base"}
     assert engine_modules == {"offpolicy.engines.local", "offpolicy.engines.ray", "offpolicy.engines.ray_collectors"}
-    offenders = [f"{path.relative_to(REPO)} imports {sorted(_imported_modules(_tree(path)) & engine_modules)}"
+    offenders = [f"{path.relative_to(REPO)} imports {sorted(_imported_modules(ast.walk(_tree(path))) & engine_modules)}"
                  for path in MODULES if "engines" not in path.parts
-                 and _imported_modules(_tree(path)) & engine_modules]
+                 and _imported_modules(ast.walk(_tree(path))) & engine_modules]
     assert not offenders, offenders
 
 
@@ -69,6 +90,32 @@ def test_parts_are_assembled_only_by_the_builder():
     # every algorithm module has its ``build`` (found through the registry), every entry point its ``main``
     same_name = {name: paths for name, paths in defined.items() if len(paths) > 1 and name not in ("build", "main")}
     assert not same_name, same_name
+
+
+def test_no_module_imports_itself_through_others():
+    """The modules are layered: following the imports that run when a module is imported (its body and its classes',
+    not its functions') never leads back to it. An import inside a function runs only when it is called, after the
+    modules are loaded, so it is not counted (evaluate.py's of run.py closes a loop). Nor are the packages above a
+    module, which Python imports before it: a package imports its own modules (offpolicy/replay/__init__.py exports
+    buffer.py's names, offpolicy/algos/ imports every algorithm), and ``from offpolicy.algos import networks`` imports
+    the module ``networks``."""
+    imports = {_module_name(path): _imported_modules(_run_on_import(_tree(path))) for path in MODULES}
+    cycles, on_path, done = [], [], set()
+
+    def follow(module):
+        on_path.append(module)
+        for imported in sorted(imports[module]):
+            if imported in on_path:
+                cycles.append(" -> ".join(on_path[on_path.index(imported):] + [imported]))
+            elif imported not in done:
+                follow(imported)
+        on_path.pop()
+        done.add(module)
+
+    for module in sorted(imports):
+        if module not in done:
+            follow(module)
+    assert not cycles, cycles
 
 
 def test_the_config_reaches_few_modules_from_train():

@@ -87,7 +87,8 @@ def test_own_env_trains(walk, walk_run):
 
 
 def test_own_env_resumes_evaluates_and_plans(walk, walk_run, capsys):
-    from offpolicy import evaluate, plan, train
+    from offpolicy import evaluate, train
+    from offpolicy.tools import plan
 
     checkpoint = walk / "run" / "checkpoints" / "last.pt"
     resumed = train(resume=checkpoint, total_env_steps=400, run_dir=walk / "resumed")

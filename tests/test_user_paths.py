@@ -97,7 +97,7 @@ def test_replay_scratch_dir_that_cannot_be_created(blocked, tmp_path, capsys):
 
 
 def test_suite_dir_that_cannot_be_created(blocked, capsys):
-    from offpolicy.suite import main as suite
+    from offpolicy.tools.suite import main as suite
 
     line = _cli(suite, ["profile=smoke", "algos=dqn", f"suite_dir={blocked}"], capsys)
     assert line.startswith(f"error: suite_dir={str(blocked)!r} cannot be created or written"), line
@@ -163,7 +163,7 @@ def test_obs_norm_on_an_atari_game(capsys):
     (["algo=sac", "env=CartPole-v1"], "error: env.name='CartPole-v1' has no bounded continuous actions; allowed for sac"),
 ])
 def test_envs_the_networks_cannot_take(args, message, capsys, tmp_path):
-    from offpolicy.plan import main as plan
+    from offpolicy.tools.plan import main as plan
     from offpolicy.train import main as offpolicy_train
 
     assert _cli(offpolicy_train, [*args, "profile=smoke", f"run_dir={tmp_path}"], capsys).startswith(message)
@@ -243,7 +243,7 @@ def test_a3c_resumes_that_change_the_model_or_optimiser(capsys):
     (["profile=smoke", "algos=dqn", "total_env_steps=abc"], "error: total_env_steps='abc' has the wrong type"),
 ])
 def test_suite_arguments_are_checked_before_any_run(args, message, tmp_path, capsys):
-    from offpolicy.suite import main as suite
+    from offpolicy.tools.suite import main as suite
 
     assert _cli(suite, [*args, f"suite_dir={tmp_path / 'suite'}"], capsys).startswith(message)
     assert not (tmp_path / "suite" / "dqn").exists()  # no run started

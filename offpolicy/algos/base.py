@@ -11,14 +11,14 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from offpolicy.updates import OptimGroup, TargetUpdate
+from offpolicy.network_updates import OptimGroup, TargetUpdate
 from shared.config import ConfigError, Rule
 
 
 @runtime_checkable
 class ActsOnTensors(Protocol):
     """A collection policy that can also act on plain tensors, ``act(observation [n, d]) -> action [n, ...]`` as its
-    TensorDict path writes ``"action"``, for the lean collector (offpolicy/collection.py)."""
+    TensorDict path writes ``"action"``, for the lean collector (offpolicy/collect/lean.py)."""
 
     def act(self, observation: torch.Tensor) -> torch.Tensor: ...
 
@@ -82,7 +82,7 @@ class Algorithm:
 
     name: str
     discrete: bool  # action space: discrete (one-hot, e.g. CartPole, ALE games) or bounded continuous
-    smoke_env: str  # the env of its smoke runs (``offpolicy.suite profile=*smoke``)
+    smoke_env: str  # the env of its smoke runs (``offpolicy.tools.suite profile=*smoke``)
     build: Callable[[DictConfig, object], AlgoParts]  # (cfg, anything with torchrl ``*_spec_unbatched``) -> parts
     rules: dict[str, Rule] = field(default_factory=dict)  # its config section's keys and what each allows
     # keys newer than some of its checkpoints, with the value those runs used (a resume keeps it)

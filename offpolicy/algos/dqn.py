@@ -8,7 +8,7 @@ from torch import nn
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import EpsilonGreedyPolicy
-from offpolicy.updates import OptimGroup
+from offpolicy.network_updates import OptimGroup
 from shared.config import Rule
 from shared.models import AtariTrunk, DuelingHead, mlp
 

@@ -12,7 +12,7 @@ from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequ
 from torch import nn
 from torchrl.modules import BatchRenorm1d
 
-from offpolicy.updates import OptimGroup, TargetUpdate
+from offpolicy.network_updates import OptimGroup, TargetUpdate
 from shared import compat
 from shared.config import Rule
 from shared.models import PixelEncoder, ReLU, mlp

@@ -1,7 +1,7 @@
 """Collection policies that also act on plain tensors (``act(observation) -> action``,
 :class:`~offpolicy.algos.base.ActsOnTensors`) beside their TensorDict path: torchrl's modules, subclassed, with a
 method that reads the same networks and buffers. torchrl's Collector runs the TensorDict path; the lean collector
-(offpolicy/collection.py) runs ``act`` (DQN's: ``draw`` once per batch, then ``act_index`` per step).
+(offpolicy/collect/lean.py) runs ``act`` (DQN's: ``draw`` once per batch, then ``act_index`` per step).
 
 Why a second path: at one env copy, a call through torchrl's TensorDict modules costs 90-155 µs per env step for
 networks whose arithmetic is 15-40 µs (``policy`` against ``tensor_policy`` in

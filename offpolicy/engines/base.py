@@ -16,7 +16,7 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
-from offpolicy.rollout import Rollout
+from offpolicy.collect.statistics import Rollout
 
 
 class LearnerLost(RuntimeError):

@@ -7,11 +7,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from offpolicy.algos import AlgoParts
+from offpolicy.collect.overlap import BackgroundCollector, CollectorLost
+from offpolicy.collect.statistics import Rollout, RolloutStats, for_replay
 from offpolicy.engines.base import Engine
 from offpolicy.envs import obs_norm_state
-from offpolicy.overlap import BackgroundCollector, CollectorLost
 from offpolicy.replay import ReplayJournal, journal_dir, replay_scratch_dir, replay_state, restore_replay
-from offpolicy.rollout import Rollout, RolloutStats, for_replay
 from shared import compat
 from shared.atari import is_atari
 from shared.config import ConfigError
@@ -20,7 +20,7 @@ from shared.config import ConfigError
 class LocalEngine(Engine):
     """Everything in this process: the collector runs ``parts.collect_policy`` itself on ``env`` (seeded by the
     caller with ``seed``), so publishing only bumps its policy version; with ``collector.overlap`` the lean collector
-    runs in a child process one batch ahead, on weights handed over with each order (offpolicy/overlap.py)."""
+    runs in a child process one batch ahead, on weights handed over with each order (offpolicy/collect/overlap.py)."""
 
     @staticmethod
     def resources(cfg: DictConfig) -> dict[str, float]:
@@ -28,7 +28,7 @@ class LocalEngine(Engine):
 
     @staticmethod
     def check_config(cfg: DictConfig) -> None:
-        from offpolicy.collection import lean_collection
+        from offpolicy.collect.lean import lean_collection
 
         if cfg.collector.overlap and not (lean_collection(cfg) or is_atari(cfg.env.name)):
             raise ConfigError("collector.overlap=true is not allowed here; allowed: with the lean collector "
@@ -41,9 +41,9 @@ class LocalEngine(Engine):
 
     @staticmethod
     def training_env_copies(cfg: DictConfig) -> int:
-        """What the collector in this process needs (:func:`~offpolicy.collection.torchrl_env_copies`); one, for its
+        """What the collector in this process needs (:func:`~offpolicy.collect.lean.torchrl_env_copies`); one, for its
         specs, when the collector runs in a child process (``collector.overlap``)."""
-        from offpolicy.collection import torchrl_env_copies
+        from offpolicy.collect.lean import torchrl_env_copies
 
         return 1 if cfg.collector.overlap else torchrl_env_copies(cfg)
 
@@ -51,7 +51,7 @@ class LocalEngine(Engine):
         cfg = self.cfg = builder.cfg
         self.run_dir = run_dir
         self.env = env
-        if cfg.collector.overlap:  # the lean collector in a child process, one batch ahead (offpolicy/overlap.py)
+        if cfg.collector.overlap:  # the lean collector in a child process, one batch ahead (collect/overlap.py)
             self.collector = BackgroundCollector(cfg, parts.collect_policy, seed, obs_norm_state(env))
             self.policy_lag = 1
         else:

@@ -31,12 +31,12 @@ from tensordict import TensorDict
 
 from offpolicy.algos import AlgoParts
 from offpolicy.builder import Builder
+from offpolicy.collect.statistics import Rollout
 from offpolicy.engines.base import Engine, LearnerLost
 from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted, ShareReplayBuffer
 from offpolicy.envs import obs_norm_state
 from offpolicy.invariants import InvariantError
 from offpolicy.replay import n_step_transform
-from offpolicy.rollout import Rollout
 from shared import compat
 from shared.config import ConfigError
 

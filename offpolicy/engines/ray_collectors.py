@@ -27,9 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 from torchrl.data import TensorDictReplayBuffer
 
 from offpolicy.builder import Builder
-from offpolicy.collection import torchrl_env_copies
+from offpolicy.collect.lean import torchrl_env_copies
+from offpolicy.collect.statistics import Rollout, RolloutStats, for_replay
 from offpolicy.envs import collector_seed
-from offpolicy.rollout import Rollout, RolloutStats, for_replay
 
 
 class ShareReplayBuffer(TensorDictReplayBuffer):

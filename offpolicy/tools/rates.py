@@ -1,5 +1,5 @@
-"""Rates measured on this machine, in seconds, for :mod:`offpolicy.plan`'s wall-time prediction. Every figure comes
-from the engine's own parts (the training env of each backend, the collector with the run's policy, the replay
+"""Rates measured on this machine, in seconds, for :mod:`offpolicy.tools.plan`'s wall-time prediction. Every figure
+comes from the engine's own parts (the training env of each backend, the collector with the run's policy, the replay
 buffer, the learner) doing the run's work at the run's sizes, or at the largest size measured when the run's does not
 fit here (then marked ``extrapolated``)."""
 from __future__ import annotations
@@ -89,8 +89,8 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 
     from offpolicy.builder import Builder
+    from offpolicy.collect.statistics import for_replay
     from offpolicy.learner import SAMPLE_CHUNK
-    from offpolicy.rollout import for_replay
 
     torch.set_num_threads(cfg.threads)
     rates = Rates(threads=cfg.threads, cores=os.cpu_count() or 1, matmul_flops=matmul_flops())

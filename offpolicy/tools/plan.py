@@ -1,8 +1,8 @@
-"""``python -m offpolicy.plan [algo=...] profile=<name> [key=value ...] [measure=false]``: compose a run's config
+"""``python -m offpolicy.tools.plan [algo=...] profile=<name> [key=value ...] [measure=false]``: compose a run's config
 with every check train.py makes (a broken invariant is one ``error:`` line and exit 2) and print what the run would
 do, without starting Ray or training: collectors and envs, transitions per env, batches per rank, UTD, optimiser
 steps in total, the replay's memory (bytes per transition: one step of one env copy written into the run's kind of
-replay) against this machine's memory; then, from rates measured here (:mod:`offpolicy.rates`), the time of one
+replay) against this machine's memory; then, from rates measured here (:mod:`offpolicy.tools.rates`), the time of one
 round for collectors, replay writes and learners, which of them bounds the round, and the predicted wall time of the
 prefill and of the whole run.
 Hardware this machine lacks (GPU collectors and learners, NCCL) is scaled from the measured CPU figures by the
@@ -26,7 +26,7 @@ from offpolicy.envs import eval_max_steps
 from offpolicy.run import optim_steps_per_batch
 from shared.config import ConfigError, help_text, run_cli
 
-USAGE = f"usage: python -m offpolicy.plan [algo={'|'.join(ALGOS)}] profile=NAME [key=value ...]"
+USAGE = f"usage: python -m offpolicy.tools.plan [algo={'|'.join(ALGOS)}] profile=NAME [key=value ...]"
 
 
 def transition_bytes(cfg: DictConfig) -> int:
@@ -37,11 +37,11 @@ def transition_bytes(cfg: DictConfig) -> int:
     import torch
     from omegaconf import OmegaConf
 
-    from offpolicy.collection import lean_collection
-    from offpolicy.rollout import for_replay
+    from offpolicy.collect.lean import lean_collection
+    from offpolicy.collect.statistics import for_replay
 
     if cfg.replay.frames_once:
-        from offpolicy.frame_replay import frame_replay_bytes_per_transition
+        from offpolicy.replay.frames import frame_replay_bytes_per_transition
 
         return frame_replay_bytes_per_transition(cfg.replay.size, cfg.env.num_envs, cfg.env.atari.frame_stack,
                                                  cfg.env.atari.image_size)
@@ -134,7 +134,7 @@ ESTIMATES = {
 
 def predict(plan: dict, rates: dict, estimates: dict[str, Estimate] = ESTIMATES) -> dict:
     """Per-round times (collect, replay write, learn), the bound, and predicted wall time of the prefill and the whole
-    run, from the plan's counts and the measured ``rates`` (:class:`offpolicy.rates.Rates` as a dict). Figures for
+    run, from the plan's counts and the measured ``rates`` (:class:`offpolicy.tools.rates.Rates` as a dict). Figures for
     hardware this machine lacks use ``estimates`` and are listed under ``"estimated"``."""
     est = {k: e.value for k, e in estimates.items()}
     used: list[str] = []
@@ -279,7 +279,7 @@ def main(argv: list[str]) -> int:
     plan = make_plan(cfg)
     print("\n".join(describe(plan)))
     if measure_rates:
-        from offpolicy.rates import measure
+        from offpolicy.tools.rates import measure
 
         rates = measure(cfg, backends=available_backends(cfg)).as_dict()
         timing = predict(plan, rates)
@@ -294,7 +294,7 @@ def available_backends(cfg: DictConfig) -> tuple[str, ...]:
     from omegaconf import OmegaConf
 
     from offpolicy.config import check_env_backend
-    from shared.backends import ENV_BACKENDS
+    from shared.env_backends import ENV_BACKENDS
 
     usable = []
     for backend in ENV_BACKENDS:

@@ -1,4 +1,4 @@
-"""``python -m offpolicy.suite profile=<name> [algos=NAME,NAME...] [suite_dir=PATH] [timeout_s=N] [key=value ...]``:
+"""``python -m offpolicy.tools.suite profile=<name> [algos=NAME,NAME...] [suite_dir=PATH] [timeout_s=N] [key=value ...]``:
 run ``python -m offpolicy.train`` once per algorithm, each in a fresh process (so its Ray cluster and every resource
 are gone before the next starts), record every failure instead of stopping at the first, and write
 ``<suite_dir>/suite.json``. Other ``key=value`` pairs go to every run. Exit 0 only when every run completed.

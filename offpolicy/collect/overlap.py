@@ -45,7 +45,7 @@ def _collect(cfg: dict, policy, slot: TensorDict, seed: int, obs_norm: dict | No
     torch.manual_seed(seed)  # the exploration's draws: the same run again collects the same batches
     batches.cancel_join_thread()  # exiting never waits for a batch the parent no longer reads
     from offpolicy.builder import Builder
-    from offpolicy.collection import torchrl_env_copies
+    from offpolicy.collect.lean import torchrl_env_copies
 
     try:
         cfg = OmegaConf.create(cfg)

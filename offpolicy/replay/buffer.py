@@ -22,13 +22,13 @@ def make_replay_buffer(cfg: DictConfig, run_dir: Path | None = None):
     sampled uniformly, by priority (``replay.prioritized``) or as sub-trajectories of ``replay.slice_len`` steps
     (``optim.batch_size / slice_len`` of them, so each step still replays ``batch_size`` transitions); written as
     ``loss.n_steps``-step transitions. Atari with ``replay.frames_once``: each frame stored once
-    (:class:`~offpolicy.frame_replay.FrameReplay`)."""
+    (:class:`~offpolicy.replay.frames.FrameReplay`)."""
     from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
     from torchrl.data.replay_buffers import RandomSampler, SliceSampler
 
     size = cfg.replay.size
     if cfg.replay.frames_once:
-        from offpolicy.frame_replay import FrameReplay
+        from offpolicy.replay.frames import FrameReplay
 
         return FrameReplay(size, cfg.env.num_envs, cfg.env.atari.frame_stack, int(cfg.loss.n_steps), cfg.loss.gamma)
     if cfg.replay.storage == "memmap":
@@ -43,7 +43,7 @@ def make_replay_buffer(cfg: DictConfig, run_dir: Path | None = None):
     slices = {"slice_len": cfg.replay.slice_len, "traj_key": ("collector", "traj_ids"),
               "truncated_key": ("next", "truncated"), "strict_length": True}
     if cfg.replay.prioritized:
-        from offpolicy.prioritized import TorchPrioritizedSampler, TorchPrioritizedSliceSampler  # noqa: I001
+        from offpolicy.replay.prioritized import TorchPrioritizedSampler, TorchPrioritizedSliceSampler  # noqa: I001
 
         priorities = {"max_capacity": size, "alpha": cfg.replay.alpha, "beta": cfg.replay.beta}
         if cfg.replay.slice_len:
@@ -63,7 +63,7 @@ def n_step_transform(cfg: DictConfig):
     collector's batch of ``env.num_envs`` envs."""
     if cfg.loss.n_steps == 1:
         return None
-    from offpolicy.nstep import NStepReturns
+    from offpolicy.replay.nstep import NStepReturns
 
     return NStepReturns(int(cfg.loss.n_steps), cfg.loss.gamma, cfg.env.num_envs)  # a YAML 3.0 is an int here
 

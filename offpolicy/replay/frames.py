@@ -23,7 +23,7 @@ import math
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from offpolicy.nstep import n_step_transitions
+from offpolicy.replay.nstep import n_step_transitions
 
 # per slot, besides the frame: action (int16), reward (float32), steps_to_next_obs (uint8), terminated, truncated,
 # done, episode start, is-a-transition (bool each) and policy_version (int32)
@@ -49,7 +49,7 @@ class FrameReplay:
 
     Offers what the engine and the learner use of a torchrl replay buffer: ``extend`` (one collected batch,
     flattened ``[num_envs * T]`` env by env), ``sample``, ``len``, ``write_count``, ``state_dict`` and
-    ``load_state_dict``. Writes apply ``n_steps``-step returns (:func:`offpolicy.nstep.n_step_transitions`).
+    ``load_state_dict``. Writes apply ``n_steps``-step returns (:func:`offpolicy.replay.nstep.n_step_transitions`).
     """
 
     def __init__(self, size: int, num_envs: int, frame_stack: int, n_steps: int = 1, gamma: float = 0.99,
