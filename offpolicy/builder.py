@@ -4,6 +4,7 @@ engines and the rate probes (offpolicy/tools/rates.py) build through it, so a pa
 runs; where it runs is the engine's choice (offpolicy/engines/)."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from omegaconf import DictConfig
 from offpolicy import envs, replay
 from offpolicy.algos import AlgoParts, algorithm
 from offpolicy.algos.base import ActsOnTensors
-from offpolicy.compiling import compile_choice
+from offpolicy.compiling import CompileChoice, compile_choice
 from offpolicy.learner import SAMPLE_CHUNK, Learner, make_learner
 
 
@@ -21,6 +22,12 @@ class Builder:
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
+
+    @functools.cached_property
+    def compile(self) -> CompileChoice:
+        """Whether the collector's policy and the learner step run under torch.compile, decided once (on first use:
+        a builder that only makes envs or parts never asks, so it never probes the compiler)."""
+        return compile_choice(self.cfg)
 
     def train_env(self, obs_norm: dict | None = None, *, seed: int | None = None, num_envs: int | None = None):
         """The training env (offpolicy/envs.py): ``num_envs`` copies (default ``env.num_envs``) seeded with ``seed``
@@ -54,14 +61,14 @@ class Builder:
         cfg = self.cfg
         steps = cfg.collector.env_steps_per_batch if env_steps_per_batch is None else env_steps_per_batch
         if lean_collection(cfg):
-            if compile_choice(cfg).enabled and not isinstance(policy, ActsOnTensors):  # a tensor path runs eager
+            if self.compile.enabled and not isinstance(policy, ActsOnTensors):  # a tensor path runs eager
                 policy = torch.compile(policy, mode=cfg.compile.mode)
             return LeanCollector(cfg, env, policy, cfg.seed if seed is None else seed, envs.obs_norm_state(env), steps)
         from torchrl.collectors import Collector
         from torchrl.envs.llm.transforms import PolicyVersion
         from torchrl.envs.utils import ExplorationType
 
-        compiled = ({"mode": cfg.compile.mode} if cfg.compile.mode else True) if compile_choice(cfg).enabled else False
+        compiled = ({"mode": cfg.compile.mode} if cfg.compile.mode else True) if self.compile.enabled else False
         # an explicit PolicyVersion: track_policy_version=True refuses batched (Serial/Parallel) envs
         return Collector(env, policy, frames_per_batch=steps, total_frames=-1,
                          exploration_type=ExplorationType.RANDOM, track_policy_version=PolicyVersion(),
@@ -80,4 +87,5 @@ class Builder:
         """The learner over ``parts``, one of ``world_size`` ranks (each samples ``batch_size / world_size``;
         ``grad_sync`` averages their gradients; ``overlap_sampling``: replay in another process)."""
         return make_learner(self.cfg, parts, action_spec, sample_shape=replay.sample_shape(self.cfg, world_size),
-                            grad_sync=grad_sync, chunk=chunk, device=device, overlap_sampling=overlap_sampling)
+                            grad_sync=grad_sync, chunk=chunk, device=device, overlap_sampling=overlap_sampling,
+                            compiled=self.compile.enabled)

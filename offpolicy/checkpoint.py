@@ -12,6 +12,7 @@ from offpolicy.algos import ALGOS, RENAMED_KEYS, algorithm
 from offpolicy.replay import replay_scratch_dir
 from shared.checkpoint import load_checkpoint, resumed_config, save_checkpoint
 from shared.config import ConfigError, check_kept_on_resume
+from shared.envs import env_kind
 
 # "frames" means emulator frames in both engines; off-policy counts env steps (transitions), named so since 0.2. The
 # old off-policy names stay accepted, on the command line and in the config of a resumed older checkpoint.
@@ -111,13 +112,16 @@ class Checkpoint:
 
 def current_keys(config: dict) -> dict:
     """``config`` (a checkpoint's) with the keys of :data:`RENAMED` under their current names and the keys added
-    since it was written (:data:`ADDED_KEYS`) at the values it ran with."""
+    since it was written (:data:`ADDED_KEYS`) at the values it ran with (``env.kind``, newer than some checkpoints too,
+    read off the env's name as a composed config reads it)."""
     config = OmegaConf.create(config)
     for old, new in RENAMED.items():
         if OmegaConf.select(config, old) is not None:
             OmegaConf.update(config, new, OmegaConf.select(config, old))
             parent, _, leaf = old.rpartition(".")
             del (OmegaConf.select(config, parent) if parent else config)[leaf]
+    if OmegaConf.select(config, "env.kind") is None:
+        config.env.kind = env_kind(config.env.name)
     own = algorithm(config["algo"]).added_keys if config.get("algo") in ALGOS else {}
     for key, value in {**ADDED_KEYS, **own}.items():
         if OmegaConf.select(config, key) is None:

@@ -3,17 +3,15 @@ the checks across keys. A broken rule is one ConfigError (the entry points print
 """
 from __future__ import annotations
 
-
 from omegaconf import DictConfig, OmegaConf
 
 from offpolicy.algos import ALGOS, algorithm
 from offpolicy.algos.networks import ACTIVATIONS
 from offpolicy.checkpoint import RENAMED, Checkpoint
 from offpolicy.engines import ENGINES, engine_class
-from shared.atari import is_atari
 from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, compose, parse_overrides
 from shared.env_backends import ENV_BACKENDS, check_backend
-from shared.envs import check_gym_name, check_renders
+from shared.envs import check_gym_name, check_renders, env_kind
 from shared.logging import BACKENDS, check_logger_backend
 
 CONFIG_DIR = CONFIG_ROOT / "offpolicy"
@@ -96,12 +94,16 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, Checkpoint | None]:
     """Compose and validate the config; with ``resume=PATH`` the checkpoint's config is the base. Returns
     ``(cfg, checkpoint or None)``."""
     overrides = parse_overrides(argv, {**ALIASES, **RENAMED})
+    if "env.kind" in overrides:
+        raise ConfigError(f"env.kind={overrides['env.kind']!r} is not allowed; allowed: set env.name (env.kind is read "
+                          "off it: atari, dmc or gymnasium)")
     resume = overrides.get("resume")
     checkpoint = Checkpoint.read(resume) if resume not in (None, "", "null") else None
     base = checkpoint.config if checkpoint is not None else None
     if base is not None and overrides.get("algo", base["algo"]) != base["algo"]:
         raise ConfigError(f"algo={overrides['algo']!r} differs from the resumed run's; allowed: {base['algo']}")
     cfg = compose(CONFIG_DIR, overrides, groups=GROUPS, rules=RULES, base=base)
+    cfg.env.kind = env_kind(cfg.env.name)  # decided here once; every part of the run reads env.kind
     check_logger_backend(cfg.logger.backend)
     if checkpoint is not None:
         checkpoint.check_resumable(cfg)
@@ -111,14 +113,14 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, Checkpoint | None]:
         rule.validate(key, OmegaConf.select(cfg, key))
     if algorithm(cfg.algo).check is not None:
         algorithm(cfg.algo).check(cfg)
-    atari = is_atari(cfg.env.name)
+    atari = cfg.env.kind == "atari"
     if atari:
         if not algorithm(cfg.algo).discrete:
             raise ConfigError(f"env.name={cfg.env.name!r} is an ALE game; allowed for {cfg.algo}: a continuous-action "
                               "Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5)")
     else:
         check_gym_name(cfg.env.name)
-        if cfg.eval.video and not cfg.env.name.startswith("dmc:"):
+        if cfg.eval.video and cfg.env.kind != "dmc":
             check_renders(cfg.env.name)
     check_env_backend(cfg)
     steps = cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch
@@ -171,7 +173,7 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, Checkpoint | None]:
 
 def _check_frames_once(cfg: DictConfig) -> None:
     """``replay.frames_once`` rebuilds ALE frame stacks from one in-memory stream per env, sampled uniformly."""
-    unsupported = {"env.name": None if is_atari(cfg.env.name) else cfg.env.name,
+    unsupported = {"env.name": None if cfg.env.kind == "atari" else cfg.env.name,
                    "engine": "ray" if cfg.engine == "ray" else None,
                    "replay.storage": "memmap" if cfg.replay.storage == "memmap" else None,
                    "replay.prioritized": True if cfg.replay.prioritized else None,
@@ -191,7 +193,7 @@ def check_env_backend(cfg: DictConfig) -> None:
     backend = cfg.env.backend
     if backend == "gymnasium":
         return
-    if is_atari(cfg.env.name) or cfg.env.from_pixels or cfg.env.name.startswith("dmc:"):
+    if cfg.env.kind != "gymnasium" or cfg.env.from_pixels:
         raise ConfigError(f"env.backend={backend} is not allowed for env.name={cfg.env.name!r}"
                           f"{' with env.from_pixels=true' if cfg.env.from_pixels else ''}; allowed: gymnasium (ALE "
                           "games, dm_control and pixels go through the shared Gymnasium/Atari stack)")

@@ -6,14 +6,14 @@ from functools import partial
 
 from omegaconf import DictConfig
 
-from shared.atari import AtariSettings, is_atari
+from shared.atari import AtariSettings
 from shared.envs import make_env
 
 
 def eval_max_steps(cfg: DictConfig) -> int:
     """Agent steps an evaluation episode may take: Atari plays whole games (to game over, or ALE's cap of
     ``max_episode_frames`` emulator frames, which ends the game itself); other envs ``eval.max_episode_steps``."""
-    if is_atari(cfg.env.name):
+    if cfg.env.kind == "atari":
         settings = atari_settings(cfg.env)
         return settings.max_episode_frames // settings.frame_skip + 1
     return cfg.eval.max_episode_steps
@@ -63,7 +63,7 @@ def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: in
     if cfg.env.backend != "gymnasium":  # one batched simulator steps all n copies
         base = TransformedEnv(make_batched_env(cfg.env.backend, cfg.env.name, n, seed),
                               Compose(DoubleToFloat(), RewardSum()))  # as make_env does for Gymnasium ids
-    elif is_atari(cfg.env.name) or n == 1:  # AtariVectorEnv batches its games itself
+    elif cfg.env.kind == "atari" or n == 1:  # AtariVectorEnv batches its games itself
         base = make_env(cfg.env.name, seed=seed, num_envs=n, atari=atari_settings(cfg.env), train=True,
                         **_pixels(cfg.env))
     else:

@@ -140,8 +140,7 @@ def main(argv: list[str]) -> int:
     from offpolicy.builder import Builder
     from offpolicy.checkpoint import Checkpoint
     from offpolicy.envs import eval_max_steps
-    from offpolicy.run import Progress
-    from shared.atari import is_atari
+    from offpolicy.progress import Progress
     from shared.envs import check_renders
 
     args = evaluate_cli_args(CONFIG_ROOT / "offpolicy", USAGE, RULES, argv, written_by="offpolicy.train")
@@ -154,7 +153,7 @@ def main(argv: list[str]) -> int:
         cfg.seed = args.seed  # the evaluation env's seed derives from it (offpolicy/envs.py eval_seed)
     if args.video:
         os.environ.setdefault("MUJOCO_GL", "egl")
-        if not is_atari(cfg.env.name) and not cfg.env.name.startswith("dmc:"):
+        if cfg.env.kind == "gymnasium":
             check_renders(cfg.env.name)  # one error line, before any episode
     torch.set_num_threads(cfg.threads)
     env = Builder(cfg).eval_env(render=args.video, obs_norm=checkpoint.obs_norm)

@@ -42,17 +42,15 @@ class OnEnvObservations(nn.Module):
 def observation_port(cfg, obs_spec) -> Port:
     """The exported policy's input: its shape, dtype and what it is, for the run's env."""
     from offpolicy.envs import atari_settings
-    from shared.atari import is_atari
-    from shared.dmc import is_dmc
 
     name = cfg.env.name
-    if is_atari(name):
+    if cfg.env.kind == "atari":
         what = atari_settings(cfg.env).describe_frames()
     elif cfg.env.from_pixels:
         what = (f"uint8 0-255 (scaled by 1/255 inside): the RGB camera image of {name} rendered at "
                 f"{cfg.env.image_size}x{cfg.env.image_size}, channels first")
     else:
-        source = "the task's observations concatenated in sorted key order" if is_dmc(name) else \
+        source = "the task's observations concatenated in sorted key order" if cfg.env.kind == "dmc" else \
             "the Gymnasium observation"
         scaling = "standardised inside with the run's statistics (env.obs_norm)" if cfg.env.obs_norm else "used as is"
         what = f"float32 (other float dtypes are cast inside; ONNX takes float32): {source} of {name}, {scaling}"
@@ -75,7 +73,7 @@ def main(argv: list[str]) -> int:
     from offpolicy.algos.policies import tensor_eval_policy
     from offpolicy.builder import Builder
     from offpolicy.checkpoint import Checkpoint
-    from offpolicy.run import Progress
+    from offpolicy.progress import Progress
 
     args = evaluate_cli_args(CONFIG_ROOT / "offpolicy", USAGE, RULES, argv, written_by="offpolicy.train",
                              defaults="export.yaml")

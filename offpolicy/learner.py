@@ -339,10 +339,13 @@ class Learner:
 
 
 def make_learner(cfg, parts, action_spec, *, sample_shape: tuple[int, ...], grad_sync=None, chunk: int = SAMPLE_CHUNK,
-                 device: torch.device | None = None, overlap_sampling: bool = False) -> Learner:
+                 device: torch.device | None = None, overlap_sampling: bool = False,
+                 compiled: bool | None = None) -> Learner:
     """The learner over an algorithm's parts (offpolicy/algos/): uniform replay is sampled ``chunk`` batches per call
     (prioritized and sliced replay one batch per call, as priorities change after every step); ``overlap_sampling``
-    (uniform replay only) draws the next chunk while the current one is learned on."""
+    (uniform replay only) draws the next chunk while the current one is learned on; ``compiled``: whether its step
+    runs under torch.compile (None: as the config chooses, :func:`~offpolicy.compiling.compile_choice`)."""
+    compiled = compile_choice(cfg).enabled if compiled is None else compiled
     return Learner(parts.loss, parts.groups, parts.target_updater, sample_shape=sample_shape,
                    critic_only=parts.critic_only, critic_loss_key=parts.critic_loss_key,
                    prioritized=cfg.replay.prioritized, td_error_squared=parts.td_error_squared,
@@ -350,5 +353,5 @@ def make_learner(cfg, parts, action_spec, *, sample_shape: tuple[int, ...], grad
                    check_every=cfg.invariants.check_every, action_bounds=parts.action_bounds(action_spec),
                    grad_sync=grad_sync, device=device,
                    overlap_sampling=overlap_sampling and not cfg.replay.prioritized,
-                   compile=CompileOptions(enabled=compile_choice(cfg).enabled, mode=cfg.compile.mode,
+                   compile=CompileOptions(enabled=compiled, mode=cfg.compile.mode,
                                           skip_guards=cfg.compile.skip_guards, cudagraphs=cfg.compile.cudagraphs))

@@ -1,25 +1,33 @@
-"""One training run around the loop (offpolicy/loop.py): its counters (:class:`Progress`), and the services the loop
-calls (:class:`Run`: invariants, metrics, evaluation, checkpoints), the stop flags that Ctrl-C / SIGTERM set, the final
-evaluation and the summary. The same for every engine."""
+"""One training run: it builds its engine (which owns the training env, the collector, replay and learner), logger
+and evaluator, prints the start line, runs the loop (offpolicy/loop.py) with the services the loop calls
+(invariants, metrics, evaluation, checkpoints) and the stop flags that Ctrl-C / SIGTERM set, then the final evaluation,
+and writes the summary. The same for every engine."""
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from offpolicy.algos import AlgoParts
+from offpolicy.builder import Builder
 from offpolicy.checkpoint import Checkpoint
-from offpolicy.compiling import compile_choice
+from offpolicy.compiling import CompileChoice
+from offpolicy.engines import engine_class
 from offpolicy.engines.base import Engine, LearnerLost
+from offpolicy.envs import eval_max_steps, obs_norm_state
 from offpolicy.evaluate import AsyncEvaluator
 from offpolicy.invariants import InvariantError, RoundInvariants
 from offpolicy.metrics import RoundMetrics, SharedLogger
+from offpolicy.progress import Progress
+from shared.checkpoint import resumed_seed
+from shared.config import make_run_dir
+from shared.logging import make_logger
+from shared.plots import plot_curves
 
 
 def optim_steps_per_batch(cfg: DictConfig) -> int:
@@ -28,76 +36,87 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
     return round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)
 
 
-def start_line(cfg: DictConfig, engine: Engine, run_dir: Path, progress: "Progress", resumed: bool) -> str:
+def start_line(cfg: DictConfig, engine: Engine, compiled: CompileChoice, run_dir: Path, progress: Progress,
+               resumed: bool) -> str:
     """What a run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill, whether
     the learner step is compiled and why, run directory."""
     return (f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser steps "
             f"per collected transition = {optim_steps_per_batch(cfg)} steps per "
             f"{cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
             f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
-            f"{cfg.collector.prefill_env_steps} env steps; learner step {compile_choice(cfg).describe()}; "
+            f"{cfg.collector.prefill_env_steps} env steps; learner step {compiled.describe()}; "
             f"run dir {run_dir}"
             + (f"; resumed at {progress.env_steps} env steps" if resumed else ""))
 
 
-@dataclass
-class Progress:
-    """The run's counters (checkpointed; a resumed run continues them)."""
-
-    env_steps: int = 0  # collected transitions (env steps summed over envs)
-    optim_steps: int = 0
-    batches: int = 0  # rounds = weight publications
-    episodes: int = 0
-    start_elapsed_s: float = 0.0
-    started: float = field(default_factory=time.perf_counter)
-
-    @property
-    def elapsed_s(self) -> float:
-        return self.start_elapsed_s + time.perf_counter() - self.started
-
-    def advance(self, report) -> None:
-        """Count one round (a :class:`~offpolicy.report.RoundReport`)."""
-        self.env_steps += report.rollout.env_steps
-        self.optim_steps += report.steps_done
-        self.batches += 1
-        self.episodes += len(report.rollout.returns)
-
-    def state_dict(self) -> dict:
-        return {"env_steps": self.env_steps, "optim_steps": self.optim_steps, "batches": self.batches,
-                "episodes": self.episodes, "elapsed_s": self.elapsed_s}
-
-    @classmethod
-    def from_state(cls, state: dict | None) -> "Progress":
-        if not state:
-            return cls()
-        env_steps = state["env_steps"] if "env_steps" in state else state["collected_frames"]  # the pre-0.2 name
-        return cls(env_steps=env_steps, optim_steps=state["optim_steps"], batches=state["batches"],
-                   episodes=state["episodes"], start_elapsed_s=state["elapsed_s"])
-
-
 class Run:
-    """The services around the loop: counters, invariants, metrics, evaluation, checkpoints and the stop flags."""
+    """One training run of ``cfg`` (resumed from ``checkpoint``): its engine, logger, evaluator, counters,
+    invariants, metrics, checkpoints and stop flags. :meth:`train` runs it to the end."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, engine: Engine, parts: AlgoParts, action_spec,
-                 progress: Progress, logger: SharedLogger, evaluator: AsyncEvaluator, obs_norm: dict | None):
-        self.cfg, self.run_dir, self.engine, self.parts, self.progress = cfg, run_dir, engine, parts, progress
-        self.logger, self.evaluator, self.obs_norm = logger, evaluator, obs_norm
+    def __init__(self, cfg: DictConfig, checkpoint: Checkpoint | None = None):
+        self.cfg = cfg
+        self.progress = progress = Progress.from_state(checkpoint.counters if checkpoint is not None else None)
+        seed = resumed_seed(cfg.seed, progress.env_steps)  # a resumed run plays new episodes, not the first run's again
+        builder = Builder(cfg)
+        engine_cls = engine_class(cfg.engine)  # the one place where local or Ray is chosen
+        env = builder.train_env(checkpoint.obs_norm if checkpoint is not None else None, seed=seed,
+                                num_envs=engine_cls.training_env_copies(cfg))
+        try:
+            self.parts = parts = builder.parts(env)  # (checks the env's actions suit the algorithm before any file)
+            self.run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{cfg.env.name.replace('/', '_')}")
+            self.obs_norm = obs_norm_state(env)
+        except BaseException:
+            env.close()
+            raise
+        self.engine = engine_cls(builder, env, parts, self.run_dir, seed)  # owns env from here (closes it)
+        try:
+            if checkpoint is not None:
+                checkpoint.restore(self.engine, parts.exploration, storage=cfg.replay.storage,
+                                   version=progress.batches)
+            print(start_line(cfg, self.engine, builder.compile, self.run_dir, progress, resumed=checkpoint is not None),
+                  flush=True)
+            self.logger = SharedLogger(make_logger(cfg.logger.backend, self.run_dir,
+                                                   config=OmegaConf.to_container(cfg, resolve=True)))
+            self.evaluator = AsyncEvaluator(
+                lambda render: builder.eval_env(render=render, obs_norm=self.obs_norm), parts.eval_policy,
+                self.logger, episodes=cfg.eval.episodes, max_steps=eval_max_steps(cfg),
+                video_dir=self.run_dir / "videos" if cfg.eval.video else None)
+        except BaseException:
+            self.engine.close()
+            raise
         self.steps_per_batch = optim_steps_per_batch(cfg)
-        self.invariants = RoundInvariants(engine.replay_writes(), engine.policy_lag)
+        self.invariants = RoundInvariants(self.engine.replay_writes(), self.engine.policy_lag)
         self.bar = tqdm(total=cfg.total_env_steps, initial=progress.env_steps, unit="step", unit_scale=True,
                         dynamic_ncols=True) if cfg.logger.progress_bar else None
-        self.metrics = RoundMetrics(logger, interval_s=cfg.logger.interval_s,
-                                    action_bounds=parts.action_bounds(action_spec),
+        evaluator = self.evaluator
+        self.metrics = RoundMetrics(self.logger, interval_s=cfg.logger.interval_s,
+                                    action_bounds=parts.action_bounds(env.action_spec_unbatched),
                                     exploration_value=parts.exploration_value, bar=self.bar,
                                     last_eval=lambda: "failed" if evaluator.error else
                                     evaluator.results[-1][1]["return"] if evaluator.results else None)
-        self.checkpoint_path = run_dir / "checkpoints" / "last.pt"
+        self.checkpoint_path = self.run_dir / "checkpoints" / "last.pt"
         self.checkpoint_saved: Path | None = None  # the latest checkpoint written (or found) for this run
         self.stop_requested = False  # first Ctrl-C / SIGTERM: stop after this round
         self.stop_now = False  # second: stop after the current optimiser step (the round is recorded as it ran)
         interval = cfg.eval.interval_env_steps
         self._next_eval = (progress.env_steps // interval + 1) * interval if interval else None
         self._last_checkpoint = time.monotonic()
+
+    def train(self, loop: Callable[["Run"], None]) -> dict:
+        """Run ``loop(self)`` until it ends or is stopped (:meth:`until_stopped`), close the engine, run the final
+        evaluation, close the logger, write ``summary.json`` and the curves; returns the summary."""
+        try:
+            status, error = self.until_stopped(loop)
+        finally:
+            self.engine.close()
+        status, error = self.final_evaluation(status, error)
+        self.logger.close()
+        summary = self.summary(status, error)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        cfg = self.cfg
+        plot_curves(self.run_dir, {"train": "train/return", "eval": "eval/return"},
+                    title=f"{cfg.algo.upper()} on {cfg.env.name}", xlabel="collected env steps")
+        return summary
 
     def evaluate_if_due(self) -> None:
         """Submit the deterministic policy to the background evaluator every ``eval.interval_env_steps``."""

@@ -2,8 +2,8 @@
 algorithms: offpolicy/algos/), or from Python ``from offpolicy import train; summary = train(algo=NAME, ...)``
 (:func:`from_python`).
 
-Assembles a run and runs it: the parts come from the builder (offpolicy/builder.py), the engine decides where they
-run (offpolicy/engines/), the run's services and stops are offpolicy/run.py, the loop offpolicy/loop.py.
+A run (offpolicy/run.py) builds its parts through the builder (offpolicy/builder.py) in the engine that decides where
+they run (offpolicy/engines/), owns the services around the loop (offpolicy/loop.py) and writes the summary.
 """
 from __future__ import annotations
 
@@ -11,22 +11,14 @@ import json
 import sys
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from offpolicy.algos import ALGOS
-from offpolicy.builder import Builder
 from offpolicy.checkpoint import Checkpoint
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
-from offpolicy.engines import engine_class, make_engine
-from offpolicy.envs import eval_max_steps, obs_norm_state
-from offpolicy.evaluate import AsyncEvaluator
 from offpolicy.loop import train_loop
-from offpolicy.metrics import SharedLogger
-from offpolicy.run import Progress, Run, start_line
-from shared.checkpoint import resumed_seed
-from shared.config import help_text, make_run_dir, overrides_argv, python_entry_point, run_cli
-from shared.logging import make_logger
-from shared.plots import plot_curves
+from offpolicy.run import Run
+from shared.config import help_text, overrides_argv, python_entry_point, run_cli
 
 USAGE = (f"usage: python -m offpolicy.train algo={'|'.join(ALGOS)} [env=NAME] [profile=smoke|local|ray_smoke|...] "
          "[engine=local|ray] [run_dir=PATH] [resume=CHECKPOINT] [key=value ...]")
@@ -40,35 +32,7 @@ def train(cfg: DictConfig, checkpoint: Checkpoint | None = None) -> dict:
     ``summary.json``)."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    progress = Progress.from_state(checkpoint.counters if checkpoint is not None else None)
-    seed = resumed_seed(cfg.seed, progress.env_steps)  # a resumed run plays new episodes, not the first run's again
-    builder = Builder(cfg)
-    env = builder.train_env(checkpoint.obs_norm if checkpoint is not None else None, seed=seed,
-                            num_envs=engine_class(cfg.engine).training_env_copies(cfg))
-    parts = builder.parts(env)  # (checks the env's actions suit the algorithm before anything is written)
-    run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{cfg.env.name.replace('/', '_')}")
-    norm = obs_norm_state(env)
-    engine = make_engine(builder, env, parts, run_dir, seed)  # the one place where local or Ray is chosen
-    try:
-        if checkpoint is not None:
-            checkpoint.restore(engine, parts.exploration, storage=cfg.replay.storage, version=progress.batches)
-        print(start_line(cfg, engine, run_dir, progress, resumed=checkpoint is not None), flush=True)
-        logger = SharedLogger(make_logger(cfg.logger.backend, run_dir,
-                                          config=OmegaConf.to_container(cfg, resolve=True)))
-        evaluator = AsyncEvaluator(lambda render: builder.eval_env(render=render, obs_norm=norm), parts.eval_policy,
-                                   logger, episodes=cfg.eval.episodes, max_steps=eval_max_steps(cfg),
-                                   video_dir=run_dir / "videos" if cfg.eval.video else None)
-        run = Run(cfg, run_dir, engine, parts, env.action_spec_unbatched, progress, logger, evaluator, norm)
-        status, error = run.until_stopped(train_loop)
-    finally:
-        engine.close()
-    status, error = run.final_evaluation(status, error)
-    logger.close()
-    summary = run.summary(status, error)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_curves(run_dir, {"train": "train/return", "eval": "eval/return"},
-                title=f"{cfg.algo.upper()} on {cfg.env.name}", xlabel="collected env steps")
-    return summary
+    return Run(cfg, checkpoint).train(train_loop)
 
 
 def from_python(**overrides) -> dict:

@@ -50,6 +50,15 @@ def _ids_of(module: str) -> list[str]:
     return sorted(ids)
 
 
+def env_kind(name: str) -> str:
+    """Which stack makes the env ``name``: ``atari`` (an ALE game, in any spelling A3C accepts), ``dmc`` (a dm_control
+    task, ``dmc:<domain>-<task>``) or ``gymnasium`` (a Gymnasium id or an own ``module:EnvId``). The one place the kind
+    is read off a name; the off-policy config carries the answer as ``env.kind``."""
+    if is_dmc(name):
+        return "dmc"
+    return "atari" if is_atari(name) else "gymnasium"
+
+
 def check_gym_name(name: str) -> None:
     """Raise ConfigError unless ``name`` is a registered Gymnasium id (MuJoCo ids included), an own env's
     ``module:EnvId`` whose module registers ``EnvId``, or a dm_control task."""
@@ -154,7 +163,8 @@ def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = Fals
     from torchrl.envs import (CatTensors, Compose, DoubleToFloat, GymEnv, GymWrapper, PermuteTransform,
                               RenameTransform, RewardSum, SerialEnv, TransformedEnv)
 
-    if is_atari(name):
+    kind = env_kind(name)
+    if kind == "atari":
         import torch
         from torchrl.data import Composite, Unbounded
         from torchrl.envs.gym_like import default_info_dict_reader
@@ -169,13 +179,13 @@ def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = Fals
         base.set_seed(seed)
         return TransformedEnv(base, RewardSum())
     check_gym_name(name)
-    if from_pixels or render or is_dmc(name):
+    if from_pixels or render or kind == "dmc":
         headless_gl()
     options = {"render": render, "from_pixels": from_pixels, "image_size": image_size}
-    single = functools.partial(dmc_base if is_dmc(name) else _gym_base, name, **options)
+    single = functools.partial(dmc_base if kind == "dmc" else _gym_base, name, **options)
     if num_envs == 1:
         base = single()
-    elif is_dmc(name) or from_pixels:
+    elif kind == "dmc" or from_pixels:
         base = SerialEnv(num_envs, single)
     else:  # one Gymnasium vector env
         base = GymEnv(name, num_envs=num_envs, **({"render_mode": "rgb_array"} if render else {}))
@@ -183,7 +193,7 @@ def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = Fals
     if from_pixels:  # [H, W, 3] uint8 "pixels" -> [3, H, W] uint8 "observation" (kept uint8 for the replay buffer)
         transforms += [RenameTransform(["pixels"], ["observation"]),
                        PermuteTransform((-1, -3, -2), in_keys=["observation"])]
-    elif is_dmc(name):
+    elif kind == "dmc":
         keys = [k for k in base.observation_spec.keys(True, True)]
         transforms.append(CatTensors(in_keys=keys, out_key="observation", unsqueeze_if_oor=True))
     env = TransformedEnv(base, Compose(*transforms, DoubleToFloat(), RewardSum()))

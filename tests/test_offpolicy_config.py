@@ -33,6 +33,7 @@ from shared.config import ConfigError
                                                           "with compile.enabled=true on a CUDA learner"),
     (["compile.enabled=true", "compile.cudagraphs=true"], "compile.cudagraphs=true is not allowed here; allowed: "
                                                           "with compile.enabled=true on a CUDA learner"),
+    (["env.kind=atari"], "env.kind='atari' is not allowed; allowed: set env.name (env.kind is read off it"),
 ])
 def test_bad_input_is_one_config_error(args, needle):
     with pytest.raises(ConfigError) as info:
@@ -71,7 +72,7 @@ def test_pre_0_2_frame_names_still_compose(tmp_path):
     """The off-policy keys that said "frames" for env steps keep working, on the CLI and in an older checkpoint."""
     from omegaconf import OmegaConf
 
-    from offpolicy.run import Progress
+    from offpolicy.progress import Progress
     from shared.checkpoint import save_checkpoint
 
     cfg, _ = compose_config(["total_frames=3000", "collector.frames_per_batch=500", "collector.prefill_frames=700",
@@ -89,3 +90,30 @@ def test_pre_0_2_frame_names_still_compose(tmp_path):
         (6000, 500, 900)
     assert "total_frames" not in resumed and "frames_per_batch" not in resumed.collector
     assert Progress.from_state(counters).env_steps == 1000
+
+
+@pytest.mark.parametrize("name, kind", [("CartPole-v1", "gymnasium"), ("Pong", "atari"), ("ALE/Breakout-v5", "atari"),
+                                        ("PongNoFrameskip-v4", "atari"), ("Acrobot-v1", "gymnasium")])
+def test_the_env_kind_is_decided_once_when_composing(name, kind):
+    """``env.kind`` is read off ``env.name`` when the config is composed; every part of the run reads it from there
+    (tests/test_offpolicy_structure.py checks that nothing else reads the kind off the name)."""
+    cfg, _ = compose_config(["algo=dqn", f"env={name}"])
+    assert cfg.env.kind == kind
+
+
+def test_a_checkpoint_older_than_env_kind_reads_with_it(tmp_path):
+    """A checkpoint written before ``env.kind`` existed: its config gets the kind of its env (the evaluation and
+    export CLIs read the checkpoint's config as it is), and a resume composes the same."""
+    from omegaconf import OmegaConf
+
+    from offpolicy.checkpoint import Checkpoint
+    from shared.checkpoint import save_checkpoint
+
+    cfg, _ = compose_config(["algo=dqn", "env=Pong"])
+    old = OmegaConf.to_container(cfg)
+    del old["env"]["kind"]
+    counters = {"env_steps": 0, "optim_steps": 0, "batches": 0, "episodes": 0, "elapsed_s": 0.0}
+    path = save_checkpoint(tmp_path / "old.pt", {"config": old, "counters": counters, "learner": {}})
+    assert Checkpoint.read(path).config["env"]["kind"] == "atari"
+    resumed, _ = compose_config([f"resume={path}"])
+    assert resumed.env.kind == "atari"

@@ -131,3 +131,48 @@ def test_the_config_reaches_few_modules_from_train():
     assert figures["run"] == "dqn-cartpole"
     assert 0 < figures["calls"] <= 30 and 0 < figures["modules"] <= 12, figures
     assert "offpolicy/builder.py" in figures["module_list"]  # the tracer saw the parts being built
+
+
+def test_the_env_kind_is_read_off_the_name_only_when_composing():
+    """The env's kind (atari, dmc, gymnasium) is decided once, by ``shared.envs.env_kind`` in the config composition
+    (offpolicy/config.py; offpolicy/checkpoint.py for a checkpoint older than ``env.kind``), and carried as
+    ``cfg.env.kind``: no other off-policy module reads it off the name (``is_atari``, ``is_dmc``, ``"dmc:"``)."""
+    readers = []
+    for path in MODULES:
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in ("is_atari", "is_dmc") or (
+                        name == "env_kind" and path.name not in ("config.py", "checkpoint.py")):
+                    readers.append(f"{path.relative_to(REPO)}:{node.lineno} calls {name}")
+            if isinstance(node, ast.Constant) and node.value == "dmc:":
+                readers.append(f"{path.relative_to(REPO)}:{node.lineno} tests the name for 'dmc:'")
+    assert not readers, readers
+
+
+def test_a_run_looks_its_engine_up_once(tmp_path, monkeypatch):
+    """Training looks the engine class up once (the config check asked it before, while composing) and the engine
+    closes the training env it was given."""
+    import offpolicy.run
+    from offpolicy.config import compose_config
+    from offpolicy.train import train
+
+    cfg, _ = compose_config(["algo=dqn", "profile=smoke", f"run_dir={tmp_path}", "eval.final_episodes=0",
+                             "logger.progress_bar=false"])
+    looked_up, closed = [], []
+    real = offpolicy.run.engine_class
+
+    def counting(name):
+        looked_up.append(name)
+        cls = real(name)
+
+        class Recorded(cls):
+            def __init__(self, builder, env, *args):
+                original = env.close
+                env.close = lambda: (closed.append(True), original())[1]
+                super().__init__(builder, env, *args)
+        return Recorded
+
+    monkeypatch.setattr(offpolicy.run, "engine_class", counting)
+    assert train(cfg)["status"] == "completed"
+    assert looked_up == ["local"] and closed

@@ -23,7 +23,6 @@ from omegaconf import DictConfig
 from tensordict import TensorDict
 
 from offpolicy.algos.base import ActsOnTensors, DrawsAhead
-from shared.atari import is_atari
 
 
 def lean_collection(cfg: DictConfig) -> bool:
@@ -31,7 +30,7 @@ def lean_collection(cfg: DictConfig) -> bool:
     ``collector.lean``, a Gymnasium state-vector env stepped in the collector's process, and the policy on the CPU
     (a Ray collector with a GPU runs torchrl's Collector)."""
     return bool(cfg.collector.lean and cfg.env.backend == "gymnasium"
-                and not is_atari(cfg.env.name) and not cfg.env.from_pixels and not cfg.env.name.startswith("dmc:")
+                and cfg.env.kind == "gymnasium" and not cfg.env.from_pixels
                 and (cfg.env.num_envs == 1 or cfg.env.vector == "serial")
                 and (cfg.engine == "local" or not cfg.ray.collector_gpus))
 

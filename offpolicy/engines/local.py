@@ -13,7 +13,6 @@ from offpolicy.engines.base import Engine
 from offpolicy.envs import obs_norm_state
 from offpolicy.replay import ReplayJournal, journal_dir, replay_scratch_dir, replay_state, restore_replay
 from shared import compat
-from shared.atari import is_atari
 from shared.config import ConfigError
 
 
@@ -30,7 +29,7 @@ class LocalEngine(Engine):
     def check_config(cfg: DictConfig) -> None:
         from offpolicy.collect.lean import lean_collection
 
-        if cfg.collector.overlap and not (lean_collection(cfg) or is_atari(cfg.env.name)):
+        if cfg.collector.overlap and not (lean_collection(cfg) or cfg.env.kind == "atari"):
             raise ConfigError("collector.overlap=true is not allowed here; allowed: with the lean collector "
                               "(collector.lean=true and a Gymnasium state-vector env stepped in this process) or an "
                               "ALE game")

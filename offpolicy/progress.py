@@ -1,0 +1,41 @@
+"""The run's counters (:class:`Progress`): what a checkpoint saves of where a run stands, read back by a resume, the
+evaluation and export CLIs."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Progress:
+    """The run's counters (checkpointed; a resumed run continues them)."""
+
+    env_steps: int = 0  # collected transitions (env steps summed over envs)
+    optim_steps: int = 0
+    batches: int = 0  # rounds = weight publications
+    episodes: int = 0
+    start_elapsed_s: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.start_elapsed_s + time.perf_counter() - self.started
+
+    def advance(self, report) -> None:
+        """Count one round (a :class:`~offpolicy.report.RoundReport`)."""
+        self.env_steps += report.rollout.env_steps
+        self.optim_steps += report.steps_done
+        self.batches += 1
+        self.episodes += len(report.rollout.returns)
+
+    def state_dict(self) -> dict:
+        return {"env_steps": self.env_steps, "optim_steps": self.optim_steps, "batches": self.batches,
+                "episodes": self.episodes, "elapsed_s": self.elapsed_s}
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> "Progress":
+        if not state:
+            return cls()
+        env_steps = state["env_steps"] if "env_steps" in state else state["collected_frames"]  # the pre-0.2 name
+        return cls(env_steps=env_steps, optim_steps=state["optim_steps"], batches=state["batches"],
+                   episodes=state["episodes"], start_elapsed_s=state["elapsed_s"])
