@@ -26,6 +26,7 @@ from offpolicy.metrics import RoundMetrics, SharedLogger
 from offpolicy.progress import Progress
 from shared.checkpoint import resumed_seed
 from shared.config import make_run_dir
+from shared.files import atomic_write_text
 from shared.logging import make_logger
 from shared.plots import plot_curves
 
@@ -112,7 +113,7 @@ class Run:
         status, error = self.final_evaluation(status, error)
         self.logger.close()
         summary = self.summary(status, error)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         cfg = self.cfg
         plot_curves(self.run_dir, {"train": "train/return", "eval": "eval/return"},
                     title=f"{cfg.algo.upper()} on {cfg.env.name}", xlabel="collected env steps")
