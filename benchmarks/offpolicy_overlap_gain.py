@@ -5,7 +5,8 @@ pair's ratio on/off and their median. The run without overlap is the same-run re
     nice -n 5 python benchmarks/offpolicy_overlap_gain.py [case ...] [pairs=3]
 
 Cases: ``dqn-atari`` (``profile=atari`` on Pong: 10 envs, UTD 0.1, batch 32, frames stored once; 10k prefill, then
-20k learning-phase agent steps), ``dqn-cleanrl`` (CartPole at CleanRL's setting, as in
+20k learning-phase agent steps), ``dqn`` (DQN's default command: CartPole-v1, UTD 0.5, batch 64, 256-step rounds,
+one torch thread; 20k env steps), ``dqn-cleanrl`` (CartPole at CleanRL's setting, as in
 benchmarks/offpolicy_throughput.py) and ``sac`` (HalfCheetah-v5, UTD 1, batch 256). Every run takes the default
 command's compile path (``compile.enabled`` as ``auto`` decides for the full-length run). Prints JSON lines and appends
 them to benchmarks/results/offpolicy_overlap_gain.jsonl (with the time and host).
@@ -25,11 +26,13 @@ sys.path.insert(0, str(ROOT))
 
 from offpolicy_throughput import CASES, default_compile, measure  # noqa: E402
 
-ATARI = ["algo=dqn", "profile=atari", "env=Pong", "eval.interval_env_steps=0", "eval.final_episodes=0",
-         "logger.interval_s=0", "logger.progress_bar=false", "checkpoint.interval_s=0"]
+QUIET = ["eval.interval_env_steps=0", "eval.final_episodes=0", "logger.interval_s=0", "logger.progress_bar=false",
+         "checkpoint.interval_s=0"]  # no evaluation or checkpoint inside the measured rounds; metrics every round
+ATARI = ["algo=dqn", "profile=atari", "env=Pong", *QUIET]
 # name -> (the case's arguments, env steps per round, env steps per run, torch threads)
 GAIN_CASES = {
     "dqn-atari": (ATARI, 500, 30_000, 2),
+    "dqn": (["algo=dqn", *QUIET], 256, 20_000, 1),
     "dqn-cleanrl": (CASES["dqn-cleanrl"], 1000, 20_000, 1),
     "sac": (CASES["sac"], 1000, 6000, 2),
 }
