@@ -84,6 +84,8 @@ class Run:
                 video_dir=self.run_dir / "videos" if cfg.eval.video else None)
         except BaseException:
             self.engine.close()
+            if hasattr(self, "logger"):  # the evaluator failed to start after the logger opened its files
+                self.logger.close()
             raise
         self.steps_per_batch = optim_steps_per_batch(cfg)
         self.invariants = RoundInvariants(self.engine.replay_writes(), self.engine.policy_lag)
