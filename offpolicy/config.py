@@ -66,6 +66,7 @@ RULES = {
     "eval.episodes": Rule(min=1, integer=True),
     "eval.final_episodes": Rule(min=0, integer=True),
     "eval.max_episode_steps": Rule(min=1, integer=True),
+    "eval.stop_return": Rule(number=True, nullable=True),
     "logger.backend": Rule(choices=BACKENDS),
     "logger.interval_s": Rule(min=0),
     "checkpoint.interval_s": Rule(min=0),

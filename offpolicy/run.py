@@ -101,6 +101,7 @@ class Run:
         self.checkpoint_saved: Path | None = None  # the latest checkpoint written (or found) for this run
         self.stop_requested = False  # first Ctrl-C / SIGTERM: stop after this round
         self.stop_now = False  # second: stop after the current optimiser step (the round is recorded as it ran)
+        self.stop_return_reached: dict | None = None  # the evaluation that reached eval.stop_return, if one did
         interval = cfg.eval.interval_env_steps
         self._next_eval = (progress.env_steps // interval + 1) * interval if interval else None
         self._last_checkpoint = time.monotonic()
@@ -122,11 +123,23 @@ class Run:
         return summary
 
     def evaluate_if_due(self) -> None:
-        """Submit the deterministic policy to the background evaluator every ``eval.interval_env_steps``."""
+        """Submit the deterministic policy to the background evaluator every ``eval.interval_env_steps``; stop after
+        this round once a finished evaluation's mean return reached ``eval.stop_return``."""
         if self._next_eval is not None and self.progress.env_steps >= self._next_eval:
             self.evaluator.submit(self.progress.env_steps, self.parts.eval_policy)
             interval = self.cfg.eval.interval_env_steps
             self._next_eval = (self.progress.env_steps // interval + 1) * interval
+        target = self.cfg.eval.stop_return
+        if target is None or self.stop_return_reached is not None or not self.evaluator.results:
+            return
+        env_steps, stats = self.evaluator.results[-1]
+        if stats["return"] >= target:
+            self.stop_return_reached = {"eval_env_steps": env_steps, "return": stats["return"],
+                                        "stopped_at_env_steps": self.progress.env_steps,
+                                        "stopped_at_elapsed_s": round(self.progress.elapsed_s, 2)}
+            self.stop_requested = True
+            print(f"\nevaluation at {env_steps} env steps returned {stats['return']:g} >= eval.stop_return="
+                  f"{target:g}: stopping after this round", flush=True)
 
     def checkpoint_if_due(self) -> None:
         interval = self.cfg.checkpoint.interval_s
@@ -225,6 +238,7 @@ class Run:
             "episodes": progress.episodes, "utd_ratio": cfg.optim.utd_ratio,
             "train_return_last": self.metrics.last_return,
             "eval_return_last": evals[-1] if evals else None, "eval_return_best": max(evals) if evals else None,
+            "stop_return_reached": self.stop_return_reached,
             "collector_restarts": self.engine.collector_restarts(),
             "eval_error": self.evaluator.error, "compile_recompiles": self.metrics.compile_recompiles,
             "elapsed_s": round(progress.elapsed_s, 2),

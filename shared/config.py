@@ -41,6 +41,7 @@ class Rule:
     integer: bool = False
     check: Callable[[Any], None] | None = None  # raises ConfigError itself
     nullable: bool = False
+    number: bool = False  # any finite number (for keys without a range)
 
     def describe(self) -> str:
         parts = []
@@ -66,7 +67,7 @@ class Rule:
         if self.choices is not None:
             if not self.allows(value):
                 raise ConfigError(f"{key}={value!r} is not allowed; allowed: {self.describe()}")
-        elif self.min is not None or self.max is not None or self.integer:
+        elif self.min is not None or self.max is not None or self.integer or self.number:
             numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
             if (
                 not numeric

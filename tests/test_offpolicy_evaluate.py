@@ -147,3 +147,28 @@ def test_the_learner_keeps_cfg_threads_while_the_evaluator_runs(monkeypatch, tmp
     assert evaluator_threads and set(evaluator_threads) == {1}
     assert learner_threads and {threads for _, threads in learner_threads} == {2}
     assert max(done for done, _ in learner_threads) >= 1  # some learner steps came after a finished evaluation
+
+
+def test_a_run_stops_once_a_periodic_evaluation_reaches_stop_return(tmp_path):
+    """``eval.stop_return``: the first periodic evaluation at or above it stops training after the round in which it
+    finished; the final evaluation still runs and the summary says where the run stopped. (CartPole returns >= 8,
+    so 5 is reached by the first evaluation; 1e9 never is.)"""
+    s = train_inprocess("algo=dqn", "profile=smoke", "total_env_steps=200000", "eval.interval_env_steps=100",
+                        "eval.stop_return=5", f"run_dir={tmp_path}")
+    reached = s["stop_return_reached"]
+    assert s["status"] == "completed" and reached["return"] >= 5
+    assert reached["eval_env_steps"] == 100  # the first evaluation
+    assert reached["eval_env_steps"] <= reached["stopped_at_env_steps"] == s["env_steps"] < 200000
+    assert (tmp_path / "summary.json").exists() and s["eval_return_last"] is not None  # the final evaluation ran
+    s = train_inprocess("algo=dqn", "profile=smoke", "eval.interval_env_steps=100", "eval.stop_return=1e9",
+                        f"run_dir={tmp_path / 'never'}")
+    assert s["stop_return_reached"] is None and s["env_steps"] == 300 and s["status"] == "completed"
+
+
+def test_stop_return_takes_a_number_or_null():
+    from offpolicy.train import compose_config
+    from shared.config import ConfigError
+
+    assert compose_config(["algo=dqn", "eval.stop_return=15"])[0].eval.stop_return == 15
+    with pytest.raises(ConfigError, match="eval.stop_return"):
+        compose_config(["algo=dqn", "eval.stop_return=high"])
