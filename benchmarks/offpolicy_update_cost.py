@@ -9,7 +9,9 @@ the learner's own compiled step, with its compile time and the recompilations af
 ``skip_guards=false``: with every guard, ``compile.skip_guards=false``; the default keeps the tensor guards only).
 
     nice -n 5 python benchmarks/offpolicy_update_cost.py [algo ...] [threads=1] [compile=false] [deactivate_vmap=true]
-                                                         [skip_guards=true]
+                                                         [skip_guards=true] [mode=default]
+
+``mode`` is the compiled learner's ``compile.mode`` (torch.compile's mode; ``default``: None).
 
 Prints JSON lines and appends them to benchmarks/results/offpolicy_update_cost.jsonl.
 """
@@ -91,7 +93,7 @@ def _reference_update(algo: str, cfg, transitions):
 
 
 def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
-            deactivate_vmap: bool = True, skip_guards: bool = True) -> dict[str, float]:
+            deactivate_vmap: bool = True, skip_guards: bool = True, mode: str = "default") -> dict[str, float]:
     overrides = [f"algo={algo}", f"env={ENVS[algo]}", "optim.batch_size=256", "model.hidden=[256,256]",
                  "collector.env_steps_per_batch=1000", "collector.prefill_env_steps=1000"]
     cfg, _ = compose_config(overrides)
@@ -134,13 +136,14 @@ def measure(algo: str, n: int = 200, threads: int = 1, compiled: bool = False,
 
         out["update_wall"] = _wall_ms(lambda: update(replay.sample(batch_size)), n)
         # the engine's whole round: chunked samples, checks, loss, backward, per-network clip + step, target update
-        learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(batch_size,))
+        # eager: compile.enabled=auto would compile this learner (the case's full-length run is long enough)
+        learner = make_learner(cfg, parts, env.action_spec_unbatched, sample_shape=(batch_size,), compiled=False)
         out["learner_step_wall"] = _wall_ms(lambda: learner.update(replay, 50, version=1), max(n // 50, 2)) / 50
         out["reference_update_wall"] = _wall_ms(_reference_update(algo, cfg, batch.reshape(-1)), n)
         out["learner_to_reference"] = out["learner_step_wall"] / out["reference_update_wall"]
         if compiled:
             torch.compiler.reset()  # each algorithm compiles from scratch (the step functions share their code)
-            compiled_cfg, _ = compose_config([*overrides, "compile.enabled=true",
+            compiled_cfg, _ = compose_config([*overrides, "compile.enabled=true", f"compile.mode={mode}",
                                               f"compile.skip_guards={str(skip_guards).lower()}"])
             torch.manual_seed(0)
             fast = make_learner(compiled_cfg, Builder(compiled_cfg).parts(env), env.action_spec_unbatched,
@@ -163,15 +166,17 @@ def main(argv: list[str]) -> None:
     threads, compiled = int(options.get("threads", 1)), options.get("compile", "false") == "true"
     no_vmap = options.get("deactivate_vmap", "true") == "true"  # the engine's setting (networks.DEACTIVATE_VMAP)
     skip_guards = options.get("skip_guards", "true") == "true"  # compile.skip_guards for the compiled learner
+    mode = options.get("mode", "default")  # compile.mode for the compiled learner
     results = ROOT / "benchmarks" / "results" / "offpolicy_update_cost.jsonl"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for algo in algos:
         for part, value in measure(algo, threads=threads, compiled=compiled, deactivate_vmap=no_vmap,
-                                   skip_guards=skip_guards).items():
+                                   skip_guards=skip_guards, mode=mode).items():
             unit = {"params": "count", "compile_s": "s", "compile_recompiles": "count", "compiled_speedup": "x",
                     "learner_to_reference": "x"}.get(part, "ms")
             line = {"bench": f"offpolicy_update_cost/{algo}", "metric": part, "value": round(value, 3),
-                    "unit": unit, "threads": threads, "deactivate_vmap": no_vmap, "skip_guards": skip_guards}
+                    "unit": unit, "threads": threads, "deactivate_vmap": no_vmap, "skip_guards": skip_guards,
+                    "mode": mode}
             print(json.dumps(line), flush=True)
             with results.open("a") as f:
                 f.write(json.dumps({**line, "time": stamp}) + "\n")

@@ -281,10 +281,12 @@ class Learner:
             # compiled frame with its own guard lookup (TD3 here: 2 lookups and ~0.34 ms of frame overhead a step,
             # now 1 and ~0.08 ms)
             kind = "_".join(["forward", *(g.name for g in groups), *(["soft_targets"] if soft_targets else [])])
-            options = {"guard_filter_fn": tensor_and_global_guards} if self.compile.skip_guards else None
+            mode, options = self.compile.mode, None
+            if self.compile.skip_guards:  # torch.compile takes a mode or options: the mode goes in as its options
+                mode, options = None, {**compat.compile_mode_options(mode), "guard_filter_fn": tensor_and_global_guards}
             forward = _own_code(forward, kind)
             self._compiled_fns.append(forward)
-            forward = torch.compile(forward, mode=self.compile.mode, options=options)
+            forward = torch.compile(forward, mode=mode, options=options)
 
         def step(sample: TensorDictBase) -> dict[str, torch.Tensor]:
             total, losses = forward(sample)

@@ -113,6 +113,15 @@ def compilations_of(fn) -> int:
     return len(_debug_get_cache_entry_list(fn.__code__))
 
 
+def compile_mode_options(mode: str | None) -> dict:
+    """The inductor options a ``torch.compile`` ``mode`` stands for (torch 2.13's ``torch._inductor.list_mode_options``,
+    private package): torch.compile refuses a ``mode`` together with ``options``, so a compiled step that passes
+    options of its own (the learner's guard filter) passes its mode as these options instead. ``None``: no options."""
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(mode)) if mode is not None else {}
+
+
 @contextlib.contextmanager
 def compiled_random_as_eager():
     """Inside: what torch.compile compiles draws its random numbers as eager torch does (torch 2.13's inductor

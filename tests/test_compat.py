@@ -202,6 +202,12 @@ def test_compilations_of_counts_one_function_s_compilations():
     assert compat.compilations_of(broken) == 1
 
 
+def test_compile_mode_options_are_the_modes_inductor_options():
+    assert compat.compile_mode_options(None) == {}
+    assert compat.compile_mode_options("default") == {}
+    assert compat.compile_mode_options("max-autotune-no-cudagraphs")["max_autotune"] is True
+
+
 def test_compiled_random_as_eager_draws_eager_torch_s_numbers():
     def noisy(x):
         return x + torch.randn(x.shape)

@@ -91,6 +91,18 @@ def test_only_the_learner_s_own_recompilations_are_counted():
     assert learner.recompiles == 1
 
 
+@pytest.mark.parametrize("skip_guards", ["true", "false"])
+def test_a_compile_mode_compiles_with_or_without_the_guard_filter(skip_guards, capsys):
+    """``compile.mode`` with the default guard filter: torch.compile takes a mode or options, so the learner passes the
+    mode as its options; the step stays compiled (no fallback to eager, no warning) either way."""
+    learner, _, replay = _learner("dqn", "compile.enabled=true", "compile.mode=default",
+                                  f"compile.skip_guards={skip_guards}")
+    learner.update(replay, learner.warmup_steps + 1, version=1)
+    assert learner.compile.enabled and learner.compile.mode == "default"
+    assert learner.recompiles == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_relu_is_the_same_function_compiled_and_eager():
     """shared.models.ReLU (relu without a boolean mask under torch.compile) gives nn.ReLU's values and gradients."""
     from shared.models import ReLU
