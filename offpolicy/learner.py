@@ -265,8 +265,12 @@ class Learner:
         def apply() -> dict[str, torch.Tensor]:
             norms = {}
             for group in groups:
-                max_norm = float("inf") if group.max_grad_norm is None else group.max_grad_norm
-                norms[f"grad_norm_{group.name}"] = torch.nn.utils.clip_grad_norm_(group.params(), max_norm)  # pre-clip
+                if group.max_grad_norm is None:  # the norm is logged; with no clip, no pass that scales by 1
+                    norms[f"grad_norm_{group.name}"] = torch.nn.utils.get_total_norm(
+                        [p.grad for p in group.params() if p.grad is not None])
+                else:
+                    norms[f"grad_norm_{group.name}"] = torch.nn.utils.clip_grad_norm_(group.params(),
+                                                                                      group.max_grad_norm)  # pre-clip
                 group.optimizer.step()
                 group.optimizer.zero_grad(set_to_none=True)
             if soft_targets:
