@@ -103,6 +103,24 @@ def test_a_compile_mode_compiles_with_or_without_the_guard_filter(skip_guards, c
     assert "warning" not in capsys.readouterr().err
 
 
+def test_the_learner_passes_its_mode_to_torch_compile_as_options(monkeypatch):
+    """With the guard filter, torch.compile gets no ``mode`` but the mode's inductor options and the filter (compiled
+    here without the autotuning options, which only this assertion needs)."""
+    passed, compile_ = [], torch.compile
+
+    def recording_compile(fn, *, mode=None, options=None):
+        passed.append((mode, options))
+        return compile_(fn, options={"guard_filter_fn": options["guard_filter_fn"]})
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    learner, _, replay = _learner("dqn", "compile.enabled=true", "compile.mode=max-autotune-no-cudagraphs")
+    learner.update(replay, 1, version=1)
+    (mode, options), = passed
+    assert mode is None
+    assert options == {**compat.compile_mode_options("max-autotune-no-cudagraphs"),
+                       "guard_filter_fn": options["guard_filter_fn"]} and options["max_autotune"] is True
+
+
 def test_relu_is_the_same_function_compiled_and_eager():
     """shared.models.ReLU (relu without a boolean mask under torch.compile) gives nn.ReLU's values and gradients."""
     from shared.models import ReLU
