@@ -15,6 +15,7 @@ class Progress:
     batches: int = 0  # rounds = weight publications
     episodes: int = 0
     start_elapsed_s: float = 0.0
+    stop_return_reached: dict | None = None  # the evaluation that first reached eval.stop_return (kept over resumes)
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -30,7 +31,8 @@ class Progress:
 
     def state_dict(self) -> dict:
         return {"env_steps": self.env_steps, "optim_steps": self.optim_steps, "batches": self.batches,
-                "episodes": self.episodes, "elapsed_s": self.elapsed_s}
+                "episodes": self.episodes, "elapsed_s": self.elapsed_s,
+                "stop_return_reached": self.stop_return_reached}
 
     @classmethod
     def from_state(cls, state: dict | None) -> "Progress":
@@ -38,4 +40,5 @@ class Progress:
             return cls()
         env_steps = state["env_steps"] if "env_steps" in state else state["collected_frames"]  # the pre-0.2 name
         return cls(env_steps=env_steps, optim_steps=state["optim_steps"], batches=state["batches"],
-                   episodes=state["episodes"], start_elapsed_s=state["elapsed_s"])
+                   episodes=state["episodes"], start_elapsed_s=state["elapsed_s"],
+                   stop_return_reached=state.get("stop_return_reached"))  # absent before 2026-12-05

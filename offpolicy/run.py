@@ -101,7 +101,6 @@ class Run:
         self.checkpoint_saved: Path | None = None  # the latest checkpoint written (or found) for this run
         self.stop_requested = False  # first Ctrl-C / SIGTERM: stop after this round
         self.stop_now = False  # second: stop after the current optimiser step (the round is recorded as it ran)
-        self.stop_return_reached: dict | None = None  # the evaluation that reached eval.stop_return, if one did
         interval = cfg.eval.interval_env_steps
         self._next_eval = (progress.env_steps // interval + 1) * interval if interval else None
         self._last_checkpoint = time.monotonic()
@@ -129,17 +128,27 @@ class Run:
             self.evaluator.submit(self.progress.env_steps, self.parts.eval_policy)
             interval = self.cfg.eval.interval_env_steps
             self._next_eval = (self.progress.env_steps // interval + 1) * interval
-        target = self.cfg.eval.stop_return
-        if target is None or self.stop_return_reached is not None or not self.evaluator.results:
-            return
-        env_steps, stats = self.evaluator.results[-1]
-        if stats["return"] >= target:
-            self.stop_return_reached = {"eval_env_steps": env_steps, "return": stats["return"],
-                                        "stopped_at_env_steps": self.progress.env_steps,
-                                        "stopped_at_elapsed_s": round(self.progress.elapsed_s, 2)}
+        if self.record_stop_return(then=": stopping after this round"):
             self.stop_requested = True
-            print(f"\nevaluation at {env_steps} env steps returned {stats['return']:g} >= eval.stop_return="
-                  f"{target:g}: stopping after this round", flush=True)
+
+    def record_stop_return(self, then: str) -> bool:
+        """Record the first finished evaluation whose mean return reached ``eval.stop_return`` (once per run, resumes
+        included: it is one of the counters); True when this call recorded it. Every finished result is looked at,
+        not only the latest, and the loop's end looks again, so an evaluation that finishes after the last round (the
+        one submitted in it, or the final one) still counts. Prints a line ending in ``then`` when it records."""
+        target = self.cfg.eval.stop_return
+        if target is None or self.progress.stop_return_reached is not None:
+            return False
+        for env_steps, stats in self.evaluator.results:
+            if stats["return"] >= target:
+                self.progress.stop_return_reached = {
+                    "eval_env_steps": env_steps, "return": stats["return"],
+                    "stopped_at_env_steps": self.progress.env_steps,
+                    "stopped_at_elapsed_s": round(self.progress.elapsed_s, 2)}
+                print(f"\nevaluation at {env_steps} env steps returned {stats['return']:g} >= eval.stop_return="
+                      f"{target:g}{then}", flush=True)
+                return True
+        return False
 
     def checkpoint_if_due(self) -> None:
         interval = self.cfg.checkpoint.interval_s
@@ -218,6 +227,7 @@ class Run:
                 self.evaluator.submit(self.progress.env_steps, self.parts.eval_policy,
                                       episodes=self.cfg.eval.final_episodes)
             self.evaluator.wait()
+            self.record_stop_return(then="")
         except KeyboardInterrupt:
             status = "interrupted"
             print("\ninterrupted during the final evaluation (training was complete)", file=sys.stderr)
@@ -238,7 +248,7 @@ class Run:
             "episodes": progress.episodes, "utd_ratio": cfg.optim.utd_ratio,
             "train_return_last": self.metrics.last_return,
             "eval_return_last": evals[-1] if evals else None, "eval_return_best": max(evals) if evals else None,
-            "stop_return_reached": self.stop_return_reached,
+            "stop_return_reached": progress.stop_return_reached,
             "collector_restarts": self.engine.collector_restarts(),
             "eval_error": self.evaluator.error, "compile_recompiles": self.metrics.compile_recompiles,
             "elapsed_s": round(progress.elapsed_s, 2),

@@ -172,3 +172,28 @@ def test_stop_return_takes_a_number_or_null():
     assert compose_config(["algo=dqn", "eval.stop_return=15"])[0].eval.stop_return == 15
     with pytest.raises(ConfigError, match="eval.stop_return"):
         compose_config(["algo=dqn", "eval.stop_return=high"])
+
+
+@pytest.mark.parametrize("when", ["last_round", "final"])
+def test_an_evaluation_finished_after_the_last_round_still_counts_for_stop_return(tmp_path, when):
+    """The evaluation submitted in the last round (``last_round``: every 300 env steps of a 300-step run) or the
+    final one finishes after the loop ended: its return still records ``stop_return_reached`` (it was lost before)."""
+    periodic = ["eval.interval_env_steps=300", "eval.final_episodes=0"] if when == "last_round" else \
+        ["eval.interval_env_steps=0", "eval.final_episodes=1"]
+    s = train_inprocess("algo=dqn", "profile=smoke", *periodic, "eval.stop_return=5", f"run_dir={tmp_path}")
+    reached = s["stop_return_reached"]
+    assert s["status"] == "completed" and s["env_steps"] == 300
+    assert reached is not None and reached["return"] == s["eval_return_last"] >= 5
+    assert reached["eval_env_steps"] == reached["stopped_at_env_steps"] == 300
+
+
+def test_a_resumed_run_remembers_the_reached_stop_return(tmp_path):
+    """``stop_return_reached`` is a counter: a run resumed after it stopped at the target keeps the first run's
+    record (the evaluation at 100 env steps) and trains on to its new total instead of stopping again."""
+    first = train_inprocess("algo=dqn", "profile=smoke", "total_env_steps=200000", "eval.interval_env_steps=100",
+                            "eval.stop_return=5", f"run_dir={tmp_path / 'first'}")
+    assert first["stop_return_reached"]["eval_env_steps"] == 100 and first["env_steps"] < 1000
+    resumed = train_inprocess(f"resume={first['checkpoint']}", "total_env_steps=1000",
+                              f"run_dir={tmp_path / 'resumed'}")
+    assert resumed["stop_return_reached"] == first["stop_return_reached"]
+    assert resumed["status"] == "completed" and resumed["env_steps"] == 1000
