@@ -20,10 +20,19 @@ from shared.dmc import is_dmc
 
 @functools.lru_cache(maxsize=1)
 def atari_games() -> dict[str, str]:
-    """Map every short ALE game name (``SpaceInvaders``) to its ROM id (``space_invaders``)."""
-    from ale_py.roms import get_all_rom_ids
+    """Map the short name of every ALE game with a single-player mode (``SpaceInvaders``) to its ROM id
+    (``space_invaders``): the ``ALE/<name>-v5`` ids ale_py registers with Gymnasium. ROMs with only a multi-player
+    mode (Combat, Joust, MazeCraze, Warlords in ale_py 0.12) get no id there, and are not games here either."""
+    import ale_py
+    import gymnasium
 
-    return {"".join(part.capitalize() for part in rom.split("_")): rom for rom in get_all_rom_ids()}
+    gymnasium.register_envs(ale_py)
+    games = {}
+    for spec in gymnasium.registry.values():
+        short = re.fullmatch(r"ALE/(\w+)-v5", spec.id)
+        if short and str(spec.entry_point).startswith("ale_py"):
+            games[short.group(1)] = spec.kwargs["game"]
+    return games
 
 
 def atari_rom(name: str) -> str | None:
@@ -59,11 +68,11 @@ def _other_gym_env(name: str) -> bool:
 
 
 def check_atari_name(name: str) -> None:
-    """Raise ConfigError unless ``name`` is an ALE game."""
+    """Raise ConfigError unless ``name`` is an ALE game with a single-player mode."""
     if atari_rom(str(name)) is None:
         raise ConfigError(
-            f"env.name={name!r} is not an ALE game; allowed: a short name ({', '.join(sorted(atari_games()))}) "
-            "or a full id such as ALE/Pong-v5"
+            f"env.name={name!r} is not a single-player ALE game; allowed: a short name "
+            f"({', '.join(sorted(atari_games()))}) or a full id such as ALE/Pong-v5"
         )
 
 

@@ -9,7 +9,8 @@ from shared.atari import AtariBatch, AtariSettings, atari_rom, check_atari_name,
 
 @pytest.mark.parametrize("name, rom", [("Pong", "pong"), ("ALE/Pong-v5", "pong"), ("PongNoFrameskip-v4", "pong"),
                                        ("SpaceInvaders", "space_invaders"), ("space_invaders", "space_invaders"),
-                                       ("ALE/MontezumaRevenge-v5", "montezuma_revenge"), ("NoSuchGame", None)])
+                                       ("ALE/MontezumaRevenge-v5", "montezuma_revenge"), ("TicTacToe3D", "tic_tac_toe_3d"),
+                                       ("NoSuchGame", None)])
 def test_game_names_resolve_to_roms(name, rom):
     assert atari_rom(name) == rom
 
@@ -17,6 +18,17 @@ def test_game_names_resolve_to_roms(name, rom):
 def test_unknown_game_is_a_config_error_listing_the_games():
     with pytest.raises(ConfigError, match="Breakout.*Pong"):
         check_atari_name("Pongg")
+
+
+@pytest.mark.parametrize("name", ["Combat", "Joust", "MazeCraze", "Warlords", "warlords"])
+def test_a_rom_with_only_a_multiplayer_mode_is_not_a_game(name):
+    """ale_py ships these ROMs but registers no single-player env for them: A3C refuses them at the config check
+    instead of failing in the emulator, and the off-policy engine does not route them to the Atari stack."""
+    from shared.atari import is_atari
+
+    assert atari_rom(name) is None and not is_atari(name)
+    with pytest.raises(ConfigError, match=f"{name}.*not a single-player ALE game"):
+        check_atari_name(name)
 
 
 def test_standard_stack_shapes_and_dtype():
