@@ -1,13 +1,16 @@
 """The Nature-CNN DQN update on CPU (a figure, not a test): one learner step at batch 32 (replay sample, loss forward,
-backward, Adam, hard-target bookkeeping), as ``profile=atari`` trains on Pong, in three builds of the same network:
+backward, Adam, hard-target bookkeeping), as ``profile=atari`` trains on Pong, in five builds of the same network:
 
-    eager          NCHW convolutions, fused Adam
-    channels_last  channels-last convolutions (weights and input), fused Adam  (the engine's default)
-    compiled       channels-last under the learner's torch.compile (``compile.enabled=true``), foreach Adam
+    eager          float32, NCHW convolutions, fused Adam
+    channels_last  float32, channels-last convolutions (weights and input), fused Adam
+    compiled       float32, channels-last under the learner's torch.compile (``compile.enabled=true``), foreach Adam
+    bf16           ``dqn.conv_precision=bfloat16``: the CNN under bfloat16 autocast (NCHW), eager
+    compiled_bf16  the same under the learner's torch.compile (``profile=atari``'s 1M-step run on a CPU with
+                   AVX512-BF16 or AMX: ``compile.enabled=auto`` and ``dqn.conv_precision=auto`` pick it)
 
 with the FLOPs of one update (torch.utils.flop_counter, double DQN: online on s with backward, online and target on
 s'), the achieved
-GFLOP/s and, as the roofline, the GFLOP/s of one large float32 matmul on the same threads. The builds are measured
+GFLOP/s and, as the roofline, the GFLOP/s of one large float32 matmul on the same threads (the bf16 builds can pass it). The builds are measured
 in alternated rounds and medians are printed (``rounds=3``).
 
     python benchmarks/atari_dqn_update_cost.py [threads=2] [rounds=3] [steps=100]
@@ -34,7 +37,10 @@ from offpolicy.envs import make_train_env  # noqa: E402
 from offpolicy.collect.statistics import for_replay  # noqa: E402
 from offpolicy.replay import make_replay_buffer  # noqa: E402
 
-BUILDS = ("eager", "channels_last", "compiled")
+BUILDS = {  # name: (dqn.conv_precision, channels-last float32 layout, compiled)
+    "eager": ("float32", False, False), "channels_last": ("float32", True, False), "compiled": ("float32", True, True),
+    "bf16": ("bfloat16", False, False), "compiled_bf16": ("bfloat16", False, True),
+}
 BASE = ["algo=dqn", "profile=atari", "env=Pong", "env.num_envs=10", "collector.env_steps_per_batch=1000"]
 
 
@@ -50,8 +56,8 @@ def _set_layout(parts, channels_last: bool) -> None:
                     p.data = p.data.contiguous(memory_format=fmt)
 
 
-def _learner(env, channels_last: bool, compiled: bool):
-    cfg, _ = compose_config([*BASE, f"compile.enabled={str(compiled).lower()}"])
+def _learner(env, precision: str, channels_last: bool, compiled: bool):
+    cfg, _ = compose_config([*BASE, f"compile.enabled={str(compiled).lower()}", f"dqn.conv_precision={precision}"])
     torch.manual_seed(0)
     parts = Builder(cfg).parts(env)
     _set_layout(parts, channels_last)
@@ -90,7 +96,7 @@ def main(argv: list[str]) -> None:
     options = dict(a.split("=", 1) for a in argv if "=" in a)
     threads, rounds, steps = int(options.get("threads", 2)), int(options.get("rounds", 3)), int(options.get("steps", 100))
     torch.set_num_threads(threads)
-    cfg, _ = compose_config(BASE)
+    cfg, _ = compose_config([*BASE, "dqn.conv_precision=float32"])
     env = make_train_env(cfg)
     parts0 = Builder(cfg).parts(env)
     collector = Builder(cfg).collector(env, parts0.collect_policy)
@@ -100,8 +106,7 @@ def main(argv: list[str]) -> None:
             replay.extend(for_replay(batch))
     finally:
         collector.shutdown()
-    learners = {"eager": _learner(env, False, False), "channels_last": _learner(env, True, False),
-                "compiled": _learner(env, True, True)}
+    learners = {build: _learner(env, *how) for build, how in BUILDS.items()}
     flops = update_flops(learners["eager"][0], replay.sample(cfg.optim.batch_size))
     for _, learner in learners.values():  # warm-up: the compiled build compiles here
         learner.update(replay, max(learner.warmup_steps, 5), version=1 << 30)
@@ -118,7 +123,8 @@ def main(argv: list[str]) -> None:
     eager_ms = statistics.median(times["eager"])
     for build in BUILDS:
         ms = statistics.median(times[build])
-        line = {"bench": "atari_dqn_update_cost", "build": build, "threads": threads, "batch": cfg.optim.batch_size,
+        line = {"bench": "atari_dqn_update_cost", "build": build, "precision": BUILDS[build][0], "threads": threads,
+                "batch": cfg.optim.batch_size,
                 "step_ms_median": round(ms, 2), "step_ms_range": [round(min(times[build]), 2),
                                                                   round(max(times[build]), 2)],
                 "update_gflop": round(flops / 1e9, 3), "gflops_per_s": round(flops / ms / 1e6, 1),

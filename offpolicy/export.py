@@ -4,7 +4,9 @@ ONNX: onnxruntime), with the JSON spec of its input and output beside it (shared
 
 The file maps the env's own observations to actions: the cast to float32 and, with ``env.obs_norm``, the run's
 standardisation are inside, and so is the action range (continuous actions come out within the env's bounds; DQN's
-as the index of the greedy action). It plays what ``offpolicy.evaluate`` plays.
+as the index of the greedy action). It plays what ``offpolicy.evaluate`` plays, in float32: a DQN whose CNN trained
+in bfloat16 (``dqn.conv_precision``) is written to compute in float32, which every TorchScript and ONNX runtime runs
+(its weights are float32 already), so a near-tie between two Q values may resolve the other way.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from torch import nn
 from shared.config import CONFIG_ROOT, run_cli
 from shared.evaluation import evaluate_cli_args
 from shared.export import RULES, Port, check_format_installed, export_policy, output_paths
+from shared.models import AtariTrunk
 
 USAGE = "usage: python -m offpolicy.export checkpoint=<path> [format=torchscript|onnx] [out=PATH]"
 
@@ -37,6 +40,14 @@ class OnEnvObservations(nn.Module):
         if self.standardise:
             observation = (observation - self.loc) / self.scale
         return self.policy(observation)
+
+
+def in_float32(policy: nn.Module) -> nn.Module:
+    """``policy`` with every conv trunk computing in float32 (a bf16-trained DQN's CNN): what runtimes without bf16
+    kernels (onnxruntime's CPU convolutions) run."""
+    for trunk in [m for m in policy.modules() if isinstance(m, AtariTrunk)]:
+        trunk.precision = "float32"
+    return policy
 
 
 def observation_port(cfg, obs_spec) -> Port:
@@ -86,7 +97,7 @@ def main(argv: list[str]) -> int:
     env = Builder(cfg).eval_env()  # its specs: the networks' shapes, the observations' dtype, the action bounds
     try:
         obs_spec, action_spec = env.observation_spec_unbatched["observation"], env.action_spec_unbatched
-        policy = tensor_eval_policy(checkpoint.eval_policy(env))
+        policy = in_float32(tensor_eval_policy(checkpoint.eval_policy(env)))
     finally:
         env.close()
     observation, action = observation_port(cfg, obs_spec), action_port(cfg, action_spec, algorithm(cfg.algo).discrete)

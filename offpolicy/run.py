@@ -14,6 +14,7 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from offpolicy.algos.base import AlgoParts
 from offpolicy.builder import Builder
 from offpolicy.checkpoint import Checkpoint
 from offpolicy.compiling import CompileChoice
@@ -37,16 +38,17 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
     return round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)
 
 
-def start_line(cfg: DictConfig, engine: Engine, compiled: CompileChoice, run_dir: Path, progress: Progress,
-               resumed: bool) -> str:
+def start_line(cfg: DictConfig, engine: Engine, compiled: CompileChoice, parts: AlgoParts, run_dir: Path,
+               progress: Progress, resumed: bool) -> str:
     """What a run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill, whether
-    the learner step is compiled and why, run directory."""
+    the learner step is compiled and why, what the parts add (DQN's CNN precision), run directory."""
     return (f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser steps "
             f"per collected transition = {optim_steps_per_batch(cfg)} steps per "
             f"{cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
             f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
             f"{cfg.collector.prefill_env_steps} env steps; learner step {compiled.describe()}; "
-            f"run dir {run_dir}"
+            + (f"{parts.describe}; " if parts.describe else "")
+            + f"run dir {run_dir}"
             + (f"; resumed at {progress.env_steps} env steps" if resumed else ""))
 
 
@@ -74,8 +76,8 @@ class Run:
             if checkpoint is not None:
                 checkpoint.restore(self.engine, parts.exploration, storage=cfg.replay.storage,
                                    version=progress.batches)
-            print(start_line(cfg, self.engine, builder.compile, self.run_dir, progress, resumed=checkpoint is not None),
-                  flush=True)
+            print(start_line(cfg, self.engine, builder.compile, parts, self.run_dir, progress,
+                             resumed=checkpoint is not None), flush=True)
             self.logger = SharedLogger(make_logger(cfg.logger.backend, self.run_dir,
                                                    config=OmegaConf.to_container(cfg, resolve=True)))
             self.evaluator = AsyncEvaluator(

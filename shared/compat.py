@@ -52,6 +52,13 @@ def has_forward_hooks(module: torch.nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
+def cpu_computes_bf16_natively() -> bool:
+    """Whether this CPU has bfloat16 instructions (AVX512-BF16 or AMX tiles), where oneDNN runs bf16 convolutions
+    faster than float32 ones (the Nature-CNN DQN update: 1.44x here) instead of emulating them. torch 2.13 answers it
+    only with the private ``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 # --- torchrl / torch: compiling the learner step ---------------------------------------------------------------------
 
 

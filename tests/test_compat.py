@@ -20,6 +20,14 @@ def test_fast_from_any_returns_plain_tensors_and_still_converts_the_rest():
     assert isinstance(converted, TensorDictBase) and torch.equal(converted["a"], torch.ones(2))
 
 
+def test_cpu_computes_bf16_natively_agrees_with_the_cpu_flags():
+    answer = compat.cpu_computes_bf16_natively()
+    assert isinstance(answer, bool)
+    if os.path.exists("/proc/cpuinfo"):  # Linux names the instruction sets among the CPU's flags
+        flags = set(open("/proc/cpuinfo").read().split())
+        assert answer == bool({"avx512_bf16", "amx_tile"} & flags)
+
+
 def test_has_forward_hooks_sees_module_submodule_and_global_hooks():
     net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
     assert not compat.has_forward_hooks(net)

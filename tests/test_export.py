@@ -29,8 +29,9 @@ TINY = ("profile=smoke", "eval.final_episodes=0", "eval.interval_env_steps=0", "
         "collector.prefill_env_steps=100", "optim.utd_ratio=0.1")
 ATARI = ("algo=dqn", "env=Pong", "profile=smoke", "eval.final_episodes=0", "eval.interval_env_steps=0",
          "total_env_steps=64", "collector.prefill_env_steps=32", "collector.env_steps_per_batch=32",
-         "optim.utd_ratio=0.125", "env.atari.image_size=42", "env.atari.frame_stack=2", "replay.size=100")
-CASES = [*ALGOS, "dqn-atari", "a3c", "a3c-lstm"]
+         "optim.utd_ratio=0.125", "env.atari.image_size=42", "env.atari.frame_stack=2", "replay.size=100",
+         "dqn.conv_precision=float32")  # the file computes in float32: the live policy too, for equal greedy actions
+CASES = [*ALGOS, "dqn-atari", "dqn-atari-bf16", "a3c", "a3c-lstm"]
 
 
 @dataclass
@@ -52,9 +53,10 @@ def random_observations(env, steps: int) -> torch.Tensor:
     return observations.reshape(steps, *env.observation_spec_unbatched["observation"].shape)
 
 
-def offpolicy_case(run_dir: Path, *overrides: str) -> Case:
+def offpolicy_case(run_dir: Path, *overrides: str, in_float32: bool = False) -> Case:
     """Train a tiny run, then answer the env's raw observations as ``offpolicy.evaluate`` plays: its eval env (the
-    run's ObservationNorm on top) and the checkpoint's evaluation policy."""
+    run's ObservationNorm on top) and the checkpoint's evaluation policy (``in_float32``: its CNN computing in
+    float32, as the export writes it)."""
     from omegaconf import OmegaConf
     from tensordict import TensorDict
     from torchrl.envs import ObservationNorm
@@ -69,6 +71,10 @@ def offpolicy_case(run_dir: Path, *overrides: str) -> Case:
     try:
         raw = random_observations(raw_env, 64)
         policy = checkpoint.eval_policy(live_env)
+        if in_float32:
+            from offpolicy.export import in_float32 as to_float32
+
+            policy = to_float32(policy)
         seen = TensorDict({"observation": raw}, [len(raw)])
         for norm in [t for t in live_env.transform if isinstance(t, ObservationNorm)]:  # what the policy sees
             seen = norm(seen)
@@ -122,7 +128,8 @@ _cases: dict[str, Case] = {}
 
 
 def case(name: str, root: Path) -> Case:
-    """The case ``name`` (an algorithm, ``dqn-atari``, ``a3c`` or ``a3c-lstm``), made once per test module."""
+    """The case ``name`` (an algorithm, ``dqn-atari``, ``dqn-atari-bf16``, ``a3c`` or ``a3c-lstm``), made once per
+    test module."""
     if name not in _cases:
         run_dir = root / name
         if name == "a3c":
@@ -131,6 +138,8 @@ def case(name: str, root: Path) -> Case:
             _cases[name] = a3c_case(run_dir, "model.recurrent=lstm", "model.lstm_size=32")
         elif name == "dqn-atari":
             _cases[name] = offpolicy_case(run_dir, *ATARI)
+        elif name == "dqn-atari-bf16":  # trained with its CNN in bf16: the file computes the same weights in float32
+            _cases[name] = offpolicy_case(run_dir, *ATARI, "dqn.conv_precision=bfloat16", in_float32=True)
         else:  # ObservationNorm statistics from 50 random steps, folded into the file
             _cases[name] = offpolicy_case(run_dir, f"algo={name}", f"env={ALGORITHMS[name].smoke_env}", *TINY,
                                           "env.obs_norm=true", "env.obs_norm_init_steps=50")

@@ -24,11 +24,15 @@ def test_every_ale_spelling_is_the_shared_atari_env(name):
         env.close()
 
 
-def test_dqn_on_atari_evaluates_whole_games(tmp_path):
+def test_dqn_on_atari_evaluates_whole_games(tmp_path, capsys):
     """A full id trains off-policy; evaluation plays a whole game (eval.max_episode_steps, 20 here, is for
-    non-Atari envs): an untrained agent loses 21 to at most a few points, in hundreds of steps."""
+    non-Atari envs): an untrained agent loses 21 to at most a few points, in hundreds of steps. The start line says
+    which precision the CNN computes in."""
+    from shared.models import conv_precision
+
     s = train_inprocess("algo=dqn", "env=ALE/Pong-v5", "profile=smoke", "replay.size=300", "eval.interval_env_steps=0",
                         "eval.max_episode_steps=20", f"run_dir={tmp_path}")
+    assert f"Q network CNN in {conv_precision('auto', 'cpu')} (dqn.conv_precision=auto); " in capsys.readouterr().out
     assert s["status"] == "completed" and s["env_steps"] == 300 and s["optim_steps"] == 100
     steps, returns = read_scalars(tmp_path, "eval/return")
     _, lengths = read_scalars(tmp_path, "eval/length")

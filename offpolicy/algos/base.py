@@ -64,6 +64,7 @@ class AlgoParts:
     td_error_squared: bool = True  # torchrl's DQN, DDPG and TD3 losses write (delta)^2 as "td_error", SAC |delta|
     exploration_value: Callable[[], float] = lambda: 0.0  # current epsilon / sigma / alpha, for train/ metrics
     discrete: bool = False
+    describe: str = ""  # what the start line says of these parts beyond the config's keys (DQN: its CNN's precision)
 
     @property
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:

@@ -10,14 +10,17 @@ from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import EpsilonGreedyPolicy
 from offpolicy.network_updates import OptimGroup
 from shared.config import Rule
-from shared.models import AtariTrunk, DuelingHead, mlp
+from shared.models import CONV_PRECISIONS, AtariTrunk, DuelingHead, conv_precision, mlp
 
 
-def q_network(model, obs_spec, n_actions: int, dueling: bool) -> nn.Module:
+def q_network(model, obs_spec, n_actions: int, dueling: bool, precision: str = "float32") -> nn.Module:
     """``observation -> Q values``: the Nature CNN on Atari frames (uint8 [C, H, W]) or the MLP of the ``model``
-    section; ``dueling``: the last dense layer (Atari: 512 units) becomes a value and an advantage stream."""
+    section; ``dueling``: the last dense layer (Atari: 512 units) becomes a value and an advantage stream.
+    ``precision`` (float32 | bfloat16): the CNN's compute precision; its head stays float32."""
     if obs_spec.dtype == torch.uint8:
-        trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature", dense=not dueling, channels_last=True)
+        # channels-last pays in float32 only (bf16: 15.4 ms NCHW against 17.8 ms channels-last per update, here)
+        trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature", dense=not dueling,
+                           channels_last=precision == "float32", precision=precision)
         head = DuelingHead(trunk.out_features, n_actions, 512) if dueling else nn.Linear(trunk.out_features, n_actions)
         return nn.Sequential(trunk, head)
     hidden, act = nets.hidden(model), nets.activation(model)
@@ -34,7 +37,9 @@ def build(cfg, env) -> AlgoParts:
     from torchrl.objectives import DQNLoss
 
     obs_spec, action_spec = nets.specs(env)
-    qnet = QValueActor(q_network(cfg.model, obs_spec, action_spec.shape[-1], cfg.dqn.dueling),
+    learner_device = "cuda" if cfg.engine == "ray" and cfg.ray.backend == "nccl" else "cpu"
+    precision = conv_precision(cfg.dqn.conv_precision, learner_device)
+    qnet = QValueActor(q_network(cfg.model, obs_spec, action_spec.shape[-1], cfg.dqn.dueling, precision),
                        in_keys=["observation"], spec=action_spec)
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
                            annealing_num_steps=cfg.dqn.eps_anneal_env_steps)
@@ -48,13 +53,16 @@ def build(cfg, env) -> AlgoParts:
         groups=[OptimGroup("q", optimizer, ("loss",), cfg.optim.max_grad_norm)],
         target_updater=nets.target_updater(cfg.target, loss), exploration_value=lambda: float(greedy.eps),
         discrete=True,
+        describe=f"Q network CNN in {precision} (dqn.conv_precision={cfg.dqn.conv_precision})"
+        if obs_spec.dtype == torch.uint8 else "",
     )
 
 ALGORITHM = Algorithm(
     name="dqn", discrete=True, smoke_env="CartPole-v1", build=build,
     rules={"dqn.eps_init": Rule(min=0, max=1), "dqn.eps_end": Rule(min=0, max=1),
-           "dqn.eps_anneal_env_steps": Rule(min=1, integer=True)},
-    added_keys={"dqn.dueling": False},
+           "dqn.eps_anneal_env_steps": Rule(min=1, integer=True),
+           "dqn.conv_precision": Rule(choices=CONV_PRECISIONS)},
+    added_keys={"dqn.dueling": False, "dqn.conv_precision": "float32"},
     renamed_keys={"dqn.eps_anneal_frames": "dqn.eps_anneal_env_steps"},
     shape_keys=("dqn.dueling",),
 )
