@@ -5,7 +5,7 @@ ONNX: onnxruntime), with the JSON spec of its input and output beside it (shared
 The file maps the env's own observations to actions: the cast to float32 and, with ``env.obs_norm``, the run's
 standardisation are inside, and so is the action range (continuous actions come out within the env's bounds; DQN's
 as the index of the greedy action). It plays what ``offpolicy.evaluate`` plays, in float32: a DQN whose CNN trained
-in bfloat16 (``dqn.conv_precision``) is written to compute in float32, which every TorchScript and ONNX runtime runs
+in bfloat16 (its conv precision) is written to compute in float32, which every TorchScript and ONNX runtime runs
 (its weights are float32 already), so a near-tie between two Q values may resolve the other way.
 """
 from __future__ import annotations

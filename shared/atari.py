@@ -46,7 +46,7 @@ def atari_rom(name: str) -> str | None:
     snake = re.sub(r"(?<!^)(?=[A-Z])", "_", bare).lower()
     if snake in roms:
         return snake
-    return atari_games().get(bare)
+    return {short.lower(): rom for short, rom in atari_games().items()}.get(bare.lower())  # TicTacToe3d, tictactoe3d
 
 
 GAME_KEYS = ("game_over", "game_score", "game_length")  # whole Atari games, in a step's info (AtariSignals)

@@ -119,8 +119,8 @@ def test_the_main_process_builds_no_env(tmp_path, monkeypatch):
                                            ("TicTacToe3d", 10)])
 def test_the_main_process_action_count_is_the_workers(game, actions):
     """The main process's count (ALE's minimal action set) against a worker's env, for games of 4, 6 and all 18
-    actions; the names are the ones ale_py's AtariEnv gives, so FIRE's index is too. TicTacToe3d has no Gymnasium id
-    spelled as its short name (``ALE/TicTacToe3D-v5``): its FIRE index needs no Gymnasium env."""
+    actions; the names are the ones ale_py's AtariEnv gives, so FIRE's index is too. TicTacToe3d (Gymnasium's id is
+    ``ALE/TicTacToe3D-v5``) resolves in either case: its FIRE index needs no Gymnasium env."""
     from ale_py.env import AtariEnv
 
     rom = atari_rom(game)

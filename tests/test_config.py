@@ -24,7 +24,7 @@ def test_full_and_snake_case_game_names_are_accepted():
 @pytest.mark.parametrize("arg, fragment", [
     ("workers=0", "workers=0 is out of range; allowed: an integer >= 1"),
     ("lr=abc", "optim.lr='abc' has the wrong type; allowed: a number"),
-    ("env=NoSuchGame", "env.name='NoSuchGame' is not an ALE game"),
+    ("env=NoSuchGame", "env.name='NoSuchGame' is not a single-player ALE game"),
     ("wrokers=2", "unknown key 'wrokers'; did you mean workers"),
     ("profile=nope", "profile='nope' does not exist; allowed: smoke"),
     ("model.arch=resnet", "model.arch='resnet' is not allowed; allowed: one of nature, small"),

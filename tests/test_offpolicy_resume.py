@@ -108,6 +108,19 @@ def test_ctrl_c_stops_cleanly_and_saves(tmp_path):
     assert ckpt["counters"]["optim_steps"] == s["optim_steps"]
 
 
+def _learned_once(run_dir) -> bool:
+    """A round with optimiser steps is logged (the prefill rounds log 0 steps: a busy host once had the second
+    Ctrl-C land in one of them, so the run stopped before learning)."""
+    from shared.logging import read_scalars
+
+    if not (run_dir / "logs" / "scalars" / "train" / "optim_steps.csv").exists():
+        return False
+    try:
+        return any(value > 0 for value in read_scalars(run_dir, "train/optim_steps")[1])
+    except ValueError:  # a row being written
+        return False
+
+
 def test_a_second_ctrl_c_stops_mid_round_and_the_checkpoint_resumes(tmp_path):
     """Ctrl-C twice while the learner is inside a long round: the run stops after the current optimiser step, the
     round is recorded as it ran (counters = the learner's steps), and the checkpoint resumes without an invariant
@@ -119,7 +132,7 @@ def test_a_second_ctrl_c_stops_mid_round_and_the_checkpoint_resumes(tmp_path):
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not (run_dir / "logs" / "scalars" / "train" / "optim_steps.csv").exists():
+        while time.time() < deadline and not _learned_once(run_dir):
             time.sleep(0.1)  # the first learning round is logged: the second one is running
         proc.send_signal(signal.SIGINT)
         # the second one only once the first was handled: Python runs one handler for signals that arrive while the
