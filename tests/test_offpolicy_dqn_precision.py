@@ -22,6 +22,25 @@ def test_auto_is_bfloat16_only_where_the_device_computes_it_natively(monkeypatch
         assert conv_precision("auto", "cuda") == "float32"
 
 
+def test_auto_asks_about_the_learners_device(monkeypatch):
+    """DQN's build asks ``conv_precision`` about the device its learner runs on: the CPU locally and with Gloo, CUDA
+    with NCCL (so a CPU-only driver never picks bf16 for a GPU learner from its own CPU flags)."""
+    from omegaconf import OmegaConf
+
+    from offpolicy.algos import dqn
+    from offpolicy.engines import learner_device
+
+    def device(engine, backend):
+        return learner_device(OmegaConf.create({"engine": engine, "ray": {"backend": backend}}))
+
+    assert [device("local", "nccl"), device("ray", "gloo"), device("ray", "nccl")] == [
+        torch.device("cpu"), torch.device("cpu"), torch.device("cuda")]
+    asked = []
+    monkeypatch.setattr(dqn, "conv_precision", lambda choice, device_type: asked.append(device_type) or "float32")
+    smoke_parts("dqn", "env=Pong", "replay.size=300")
+    assert asked == ["cpu"]
+
+
 def test_a_bf16_trunk_computes_in_bf16_and_keeps_float32_features_parameters_and_gradients():
     torch.manual_seed(0)
     full = AtariTrunk(4, 84, "nature")

@@ -8,6 +8,7 @@ from torch import nn
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import EpsilonGreedyPolicy
+from offpolicy.engines import learner_device
 from offpolicy.network_updates import OptimGroup
 from shared.config import Rule
 from shared.models import CONV_PRECISIONS, AtariTrunk, DuelingHead, conv_precision, mlp
@@ -37,8 +38,7 @@ def build(cfg, env) -> AlgoParts:
     from torchrl.objectives import DQNLoss
 
     obs_spec, action_spec = nets.specs(env)
-    learner_device = "cuda" if cfg.engine == "ray" and cfg.ray.backend == "nccl" else "cpu"
-    precision = conv_precision(cfg.dqn.conv_precision, learner_device)
+    precision = conv_precision(cfg.dqn.conv_precision, learner_device(cfg).type)
     qnet = QValueActor(q_network(cfg.model, obs_spec, action_spec.shape[-1], cfg.dqn.dueling, precision),
                        in_keys=["observation"], spec=action_spec)
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,

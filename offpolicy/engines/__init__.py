@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 
+import torch
+
 from offpolicy.engines.base import Engine
 
 ENGINES = {"local": "offpolicy.engines.local:LocalEngine", "ray": "offpolicy.engines.ray:RayEngine"}
@@ -14,3 +16,9 @@ def engine_class(name: str) -> type[Engine]:
     """The engine called ``name`` (a name the config rule has accepted)."""
     module, _, cls = ENGINES[name].partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def learner_device(cfg) -> torch.device:
+    """The device this run's learner computes on: CUDA for ``engine=ray ray.backend=nccl``, the CPU otherwise (the
+    local engine learns on the CPU)."""
+    return torch.device("cuda" if cfg.engine == "ray" and cfg.ray.backend == "nccl" else "cpu")

@@ -32,6 +32,7 @@ from tensordict import TensorDict
 from offpolicy.algos import AlgoParts
 from offpolicy.builder import Builder
 from offpolicy.collect.statistics import Rollout
+from offpolicy.engines import learner_device
 from offpolicy.engines.base import Engine, LearnerLost
 from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted, ShareReplayBuffer
 from offpolicy.envs import obs_norm_state
@@ -101,7 +102,7 @@ class LearnerRank:
         torch.set_num_threads(cfg.threads)  # Ray starts an actor with one thread per reserved CPU
         torch.manual_seed(cfg.seed)  # the same initial networks on every rank
         self.rank, self.world_size = rank, world_size
-        self.device = torch.device("cuda") if cfg.ray.backend == "nccl" else torch.device("cpu")
+        self.device = learner_device(cfg)
         builder = Builder(cfg)
         self.parts: AlgoParts = builder.parts(specs)
         self.parts.loss.to(self.device)
