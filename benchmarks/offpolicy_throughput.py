@@ -3,10 +3,11 @@ phase (after prefill and the first learning batch, the warm-up), at UTD 1, batch
 DDPG on HalfCheetah-v5, DQN on CartPole-v1 (plus DQN at CleanRL's own setting, 1 update per 10 steps with batch 128,
 to compare with its 4,315 steps/s).
 
-    nice -n 5 python benchmarks/offpolicy_throughput.py [algo ...] [env_steps=6000] [threads=2] [pairs=3]
+    nice -n 5 python benchmarks/offpolicy_throughput.py [algo ...] [env_steps=6000] [threads=auto] [pairs=3]
                                                         [section.key=value ...]
 
-``threads`` is the engine's torch threads (default 2: the whole machine, as the reference uses). Any further
+``threads`` is the engine's torch threads (default ``auto``, the default command's: every core, as the reference
+uses torch's default). Any further
 ``key=value`` whose key has a dot (``compile.enabled=true``) is passed on to the engine's ``python -m offpolicy.train``
 command line after the case's own settings (so it wins), e.g. to measure the compiled learner; the reference is
 unchanged. Without a ``compile.enabled=`` the run takes the path the case's full-length default command takes
@@ -75,7 +76,7 @@ METRICS = (("env_steps_per_s", "steps/s"), ("updates_per_s", "updates/s"), ("env
            ("collector_steps_per_s", "steps/s"), ("reference_env_steps_per_s", "steps/s"), ("ratio_to_reference", "x"))
 
 
-def measure(name: str, env_steps: int, threads: int, overrides: list[str], case: list[str] | None = None,
+def measure(name: str, env_steps: int, threads: int | str, overrides: list[str], case: list[str] | None = None,
             batch: int = 1000) -> dict:
     """Learning-phase figures of one ``python -m offpolicy.train`` run of ``case`` (default ``CASES[name]``) for
     ``env_steps`` env steps, whose rounds collect ``batch`` env steps each."""
@@ -139,7 +140,7 @@ def main(argv: list[str]) -> None:
     if unknown:
         raise SystemExit(f"unknown {', '.join(sorted(unknown))}; cases: {', '.join(CASES)}; options: env_steps=, "
                          "threads=, pairs=, section.key=value (passed to offpolicy.train)")
-    env_steps, threads = int(options.get("env_steps", 6000)), int(options.get("threads", 2))
+    env_steps, threads = int(options.get("env_steps", 6000)), options.get("threads", "auto")
     pairs = int(options.get("pairs", 3))
     out = ROOT / "benchmarks" / "results" / "offpolicy_throughput.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)

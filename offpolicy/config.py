@@ -31,7 +31,7 @@ RULES = {
     "env.num_envs": Rule(min=1, integer=True),
     "total_env_steps": Rule(min=1, integer=True),
     "seed": Rule(min=0, integer=True),
-    "threads": Rule(min=1, integer=True),
+    "threads": Rule(min=1, integer=True, auto=True),
     "collector.env_steps_per_batch": Rule(min=1, integer=True),
     "collector.prefill_env_steps": Rule(min=0, integer=True),
     "collector.overlap_timeout_s": Rule(min=1),

@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
+from offpolicy.engines import learner_threads
 from offpolicy.invariants import check_finite
 from shared.config import CONFIG_ROOT, Rule, run_cli
 from shared.evaluation import evaluate_cli_args, evaluation_dir, return_stats, write_evaluation, write_video
@@ -155,7 +156,7 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault("MUJOCO_GL", "egl")
         if cfg.env.kind == "gymnasium":
             check_renders(cfg.env.name)  # one error line, before any episode
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(learner_threads(cfg))
     env = Builder(cfg).eval_env(render=args.video, obs_norm=checkpoint.obs_norm)
     try:
         returns, lengths, frames = play_episodes(env, checkpoint.eval_policy(env), args.episodes, eval_max_steps(cfg),

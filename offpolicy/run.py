@@ -18,7 +18,7 @@ from offpolicy.algos.base import AlgoParts
 from offpolicy.builder import Builder
 from offpolicy.checkpoint import Checkpoint
 from offpolicy.compiling import CompileChoice
-from offpolicy.engines import engine_class
+from offpolicy.engines import engine_class, learner_threads
 from offpolicy.engines.base import Engine, LearnerLost
 from offpolicy.envs import eval_max_steps, obs_norm_state
 from offpolicy.evaluate import AsyncEvaluator
@@ -38,15 +38,21 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
     return round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)
 
 
+def threads_line(cfg: DictConfig) -> str:
+    """``N torch thread(s) (threads=...)`` for the start line."""
+    n = learner_threads(cfg)
+    return f"{n} torch thread{'s' if n > 1 else ''} (threads={cfg.threads})"
+
+
 def start_line(cfg: DictConfig, engine: Engine, compiled: CompileChoice, parts: AlgoParts, run_dir: Path,
                progress: Progress, resumed: bool) -> str:
     """What a run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill, whether
-    the learner step is compiled and why, what the parts add (DQN's CNN precision), run directory."""
+    the learner step is compiled and why, on how many threads, what the parts add (DQN's CNN precision), run directory."""
     return (f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser steps "
             f"per collected transition = {optim_steps_per_batch(cfg)} steps per "
             f"{cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
             f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
-            f"{cfg.collector.prefill_env_steps} env steps; learner step {compiled.describe()}; "
+            f"{cfg.collector.prefill_env_steps} env steps; learner step {compiled.describe()} on {threads_line(cfg)}; "
             + (f"{parts.describe}; " if parts.describe else "")
             + f"run dir {run_dir}"
             + (f"; resumed at {progress.env_steps} env steps" if resumed else ""))

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from offpolicy.algos import ALGOS
 from offpolicy.checkpoint import Checkpoint
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
+from offpolicy.engines import learner_threads
 from offpolicy.loop import train_loop
 from offpolicy.run import Run
 from shared.config import help_text, overrides_argv, python_entry_point, run_cli
@@ -31,7 +32,7 @@ def train(cfg: DictConfig, checkpoint: Checkpoint | None = None) -> dict:
     """Run one training job described by ``cfg`` (resumed from ``checkpoint``); returns the summary (also written to
     ``summary.json``)."""
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(learner_threads(cfg))
     return Run(cfg, checkpoint).train(train_loop)
 
 

@@ -42,9 +42,10 @@ class Rule:
     check: Callable[[Any], None] | None = None  # raises ConfigError itself
     nullable: bool = False
     number: bool = False  # any finite number (for keys without a range)
+    auto: bool = False  # the string "auto" is allowed too (a default of "auto" does not make a number a string)
 
     def describe(self) -> str:
-        parts = []
+        parts = ["auto or"] if self.auto else []
         if self.choices is not None:
             parts.append("one of " + ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in self.choices))
         else:
@@ -58,11 +59,14 @@ class Rule:
         return " ".join(parts)
 
     def allows(self, value: Any) -> bool:
-        """``value`` is one of ``choices``, of the same type (``1`` is not ``true``)."""
+        """``value`` keeps its own type: one of ``choices``, of the same type (``1`` is not ``true``); with ``auto``
+        any value (:meth:`validate` then allows "auto" or a number in range)."""
+        if self.auto:
+            return True
         return self.choices is not None and any(type(value) is type(c) and value == c for c in self.choices)
 
     def validate(self, key: str, value: Any) -> None:
-        if value is None and self.nullable:
+        if (value is None and self.nullable) or (self.auto and value == "auto"):
             return
         if self.choices is not None:
             if not self.allows(value):

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 from offpolicy.algos import AlgoParts
 from offpolicy.collect.overlap import BackgroundCollector, CollectorLost
 from offpolicy.collect.statistics import Rollout, RolloutStats, for_replay
+from offpolicy.engines import learner_threads
 from offpolicy.engines.base import Engine
 from offpolicy.envs import obs_norm_state
 from offpolicy.replay import ReplayJournal, journal_dir, replay_scratch_dir, replay_state, restore_replay
@@ -23,7 +24,7 @@ class LocalEngine(Engine):
 
     @staticmethod
     def resources(cfg: DictConfig) -> dict[str, float]:
-        return {"CPU": float(cfg.threads), "GPU": 0.0}
+        return {"CPU": float(learner_threads(cfg)), "GPU": 0.0}
 
     @staticmethod
     def check_config(cfg: DictConfig) -> None:

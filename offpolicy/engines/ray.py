@@ -32,7 +32,7 @@ from tensordict import TensorDict
 from offpolicy.algos import AlgoParts
 from offpolicy.builder import Builder
 from offpolicy.collect.statistics import Rollout
-from offpolicy.engines import learner_device
+from offpolicy.engines import learner_device, learner_threads
 from offpolicy.engines.base import Engine, LearnerLost
 from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted, ShareReplayBuffer
 from offpolicy.envs import obs_norm_state
@@ -99,7 +99,7 @@ class LearnerRank:
 
     def __init__(self, cfg: dict, specs: Specs, replay, rank: int, world_size: int, seed: int):
         cfg = OmegaConf.create(cfg)
-        torch.set_num_threads(cfg.threads)  # Ray starts an actor with one thread per reserved CPU
+        torch.set_num_threads(learner_threads(cfg))  # Ray starts an actor with one thread per reserved CPU
         torch.manual_seed(cfg.seed)  # the same initial networks on every rank
         self.rank, self.world_size = rank, world_size
         self.device = learner_device(cfg)

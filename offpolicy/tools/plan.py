@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from offpolicy.algos import ALGOS
 from offpolicy.builder import Builder
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
-from offpolicy.engines import engine_class
+from offpolicy.engines import engine_class, learner_threads
 from offpolicy.envs import eval_max_steps
 from offpolicy.run import optim_steps_per_batch
 from shared.config import ConfigError, help_text, run_cli
@@ -98,8 +98,8 @@ def make_plan(cfg: DictConfig) -> dict:
         "evaluations": cfg.total_env_steps // cfg.eval.interval_env_steps if cfg.eval.interval_env_steps else 0,
         "eval_interval_env_steps": cfg.eval.interval_env_steps,
         "eval_episodes": cfg.eval.episodes, "eval_max_episode_steps": eval_max_steps(cfg),  # Atari: whole games
-        "final_eval_episodes": cfg.eval.final_episodes, "backend": cfg.env.backend, "threads": cfg.threads,
-        "collector_cpus": cfg.ray.collector_cpus if ray else cfg.threads,
+        "final_eval_episodes": cfg.eval.final_episodes, "backend": cfg.env.backend, "threads": learner_threads(cfg),
+        "collector_cpus": cfg.ray.collector_cpus if ray else learner_threads(cfg),
         "collector_gpus": cfg.ray.collector_gpus if ray else 0, "learner_gpus": cfg.ray.learner_gpus if ray else 0,
         "resources": engine_class(cfg.engine).resources(cfg),
     }

@@ -90,10 +90,12 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
 
     from offpolicy.builder import Builder
     from offpolicy.collect.statistics import for_replay
+    from offpolicy.engines import learner_threads
     from offpolicy.learner import SAMPLE_CHUNK
 
-    torch.set_num_threads(cfg.threads)
-    rates = Rates(threads=cfg.threads, cores=os.cpu_count() or 1, matmul_flops=matmul_flops())
+    threads = learner_threads(cfg)
+    torch.set_num_threads(threads)
+    rates = Rates(threads=threads, cores=os.cpu_count() or 1, matmul_flops=matmul_flops())
     n = min(cfg.env.num_envs, MAX_MEASURED_ENVS)
     ray = cfg.engine == "ray"
     world, collectors = (cfg.ray.world_size, cfg.ray.num_collectors) if ray else (1, 1)
