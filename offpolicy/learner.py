@@ -32,7 +32,7 @@ from offpolicy.compiling import compile_choice, describe_failure
 from offpolicy.invariants import InvariantError, check_sample_batch
 from offpolicy.metrics import action_stats
 from offpolicy.network_updates import OptimGroup, TargetUpdate
-from shared import compat
+from shared import compat, denormals
 
 # Uniform samples of a round are drawn this many batches per replay call and split: the same i.i.d. draws as one
 # call per batch (replay does not change during a round's updates), minus most of the per-call cost (~0.6 ms in
@@ -154,13 +154,14 @@ class Learner:
         then hold what ran). Returns ``loss/`` means over the round and ``replay/`` statistics of its last sample."""
         sums: dict[str, list[torch.Tensor]] = defaultdict(list)
         sample = None
-        for sample in self._samples(replay, n_steps):
-            if stop is not None and stop():
-                break
-            for key, value in self.step(sample, version).items():
-                sums[key].append(value)
-            if self.prioritized:
-                self.write_priorities(replay, sample)
+        with denormals.flushing():  # subnormal optimiser state costs a microcode assist per value (shared/denormals.py)
+            for sample in self._samples(replay, n_steps):
+                if stop is not None and stop():
+                    break
+                for key, value in self.step(sample, version).items():
+                    sums[key].append(value)
+                if self.prioritized:
+                    self.write_priorities(replay, sample)
         if not sums:
             return {}
         out = {f"loss/{k}": float(torch.stack(v).mean()) for k, v in sums.items()}

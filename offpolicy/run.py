@@ -25,6 +25,7 @@ from offpolicy.evaluate import AsyncEvaluator
 from offpolicy.invariants import InvariantError, RoundInvariants
 from offpolicy.metrics import RoundMetrics, SharedLogger
 from offpolicy.progress import Progress
+from shared import denormals
 from shared.checkpoint import resumed_seed
 from shared.config import make_run_dir
 from shared.files import atomic_write_text
@@ -39,9 +40,11 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
 
 
 def threads_line(cfg: DictConfig) -> str:
-    """``N torch thread(s) (threads=...)`` for the start line."""
+    """``N torch thread(s) (threads=...)`` and where subnormals are flushed, for the start line."""
     n = learner_threads(cfg)
-    return f"{n} torch thread{'s' if n > 1 else ''} (threads={cfg.threads})"
+    flushed = ("subnormals flushed" if denormals.every_thread_flushes() else
+               "subnormals flushed on the main thread only (torch's threads started before this run)")
+    return f"{n} torch thread{'s' if n > 1 else ''} (threads={cfg.threads}), {flushed}"
 
 
 def start_line(cfg: DictConfig, engine: Engine, compiled: CompileChoice, parts: AlgoParts, run_dir: Path,

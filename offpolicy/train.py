@@ -19,6 +19,7 @@ from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
 from offpolicy.engines import learner_threads
 from offpolicy.loop import train_loop
 from offpolicy.run import Run
+from shared import denormals
 from shared.config import help_text, overrides_argv, python_entry_point, run_cli
 
 USAGE = (f"usage: python -m offpolicy.train algo={'|'.join(ALGOS)} [env=NAME] [profile=smoke|local|ray_smoke|...] "
@@ -32,7 +33,7 @@ def train(cfg: DictConfig, checkpoint: Checkpoint | None = None) -> dict:
     """Run one training job described by ``cfg`` (resumed from ``checkpoint``); returns the summary (also written to
     ``summary.json``)."""
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(learner_threads(cfg))
+    denormals.start_intra_op_threads(learner_threads(cfg))  # before the run's first parallel op: they inherit FTZ
     return Run(cfg, checkpoint).train(train_loop)
 
 

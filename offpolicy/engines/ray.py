@@ -38,7 +38,7 @@ from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted,
 from offpolicy.envs import obs_norm_state
 from offpolicy.invariants import InvariantError
 from offpolicy.replay import n_step_transform
-from shared import compat
+from shared import compat, denormals
 from shared.config import ConfigError
 
 
@@ -99,7 +99,7 @@ class LearnerRank:
 
     def __init__(self, cfg: dict, specs: Specs, replay, rank: int, world_size: int, seed: int):
         cfg = OmegaConf.create(cfg)
-        torch.set_num_threads(learner_threads(cfg))  # Ray starts an actor with one thread per reserved CPU
+        denormals.start_intra_op_threads(learner_threads(cfg))  # Ray starts an actor with one thread per reserved CPU
         torch.manual_seed(cfg.seed)  # the same initial networks on every rank
         self.rank, self.world_size = rank, world_size
         self.device = learner_device(cfg)

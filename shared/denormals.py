@@ -1,0 +1,56 @@
+"""Subnormal floats (|x| < 1.18e-38) read and written as zero in the learner's arithmetic (x86 FTZ/DAZ).
+
+Why: Adam's first moment of a weight whose gradient is mostly zero (a ReLU unit that rarely fires) decays by beta1 each
+step through the subnormal range, and x86 arithmetic on a subnormal takes a microcode assist. Measured on the 2-core
+host (2026-12-06, TD3 on HalfCheetah-v5 after 7k steps): 45 % of a critic layer's ``exp_avg`` was subnormal, and the
+fused Adam step on that state took 0.75 ms against 0.30 ms with those values zeroed (2 threads; 1.29 against 0.43 ms on
+one). TensorFlow and XLA flush subnormals on the CPU by default; values that small change no update measurably.
+
+``torch.set_flush_denormal`` sets the flag for the calling thread only. A thread started later inherits its creator's
+floating-point environment (POSIX), so :func:`start_intra_op_threads` starts torch's intra-op threads (OpenMP, which MKL
+shares) with the flag on, where they keep it; the main thread sets it only inside :func:`flushing` (the learner's
+updates), so the envs, the collection policy and the evaluations compute as they would anywhere else.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+GRAIN = 32768  # at::internal::GRAIN_SIZE: torch splits an elementwise op over its threads in chunks of at least this
+
+
+def start_intra_op_threads(threads: int) -> bool:
+    """Set torch's intra-op threads to ``threads`` and start them flushing subnormals; True when every one of them
+    then flushes. False when the CPU cannot flush, or torch's threads had started before in this process (a run from
+    Python after other torch work, a test): they keep their setting, and the learner is only slower."""
+    torch.set_num_threads(threads)
+    if not torch.set_flush_denormal(True):
+        return False
+    try:
+        torch.zeros(GRAIN * threads * 4).add_(1.0)  # an op large enough to run on every thread: starts them
+        return _every_thread_flushes(threads)
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def _every_thread_flushes(threads: int) -> bool:
+    smallest = torch.ones(GRAIN * threads * 4, dtype=torch.int32).view(torch.float32)  # 1.4e-45, written as bits
+    return bool(((smallest * 1.0) == 0).all())
+
+
+@contextlib.contextmanager
+def flushing():
+    """Subnormals flushed on the calling thread inside the block (its threads started by :func:`start_intra_op_threads`
+    flush always)."""
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def every_thread_flushes() -> bool:
+    """Whether an op spread over all of torch's intra-op threads flushes subnormals inside :func:`flushing`."""
+    with flushing():
+        return _every_thread_flushes(torch.get_num_threads())
