@@ -30,8 +30,8 @@ def learner_threads(cfg) -> int:
     core the learner can have: on ``engine=local`` the CPUs this process may run on (``OMP_NUM_THREADS`` where set,
     as torch itself honours it), less one with ``collector.overlap`` (its child process collects on that core); on
     ``engine=ray`` the CPUs Ray reserves for each rank (``ray.learner_cpus``). Measured on the 2-core host
-    (2026-12-06, docs/results.md): two threads make the learner step 1.36-1.39x faster at batch 256 with 256x256 MLPs
-    (SAC, TD3, DDPG) and 1.02-1.12x for small ones (DQN on CartPole), never slower."""
+    (2026-12-06, docs/results.md): two threads make the learner step 1.38-1.41x faster at batch 256 with 256x256 MLPs
+    (SAC, TD3, DDPG) and 1.04-1.15x for smaller ones (DQN on CartPole), never slower."""
     if cfg.threads != "auto":
         return cfg.threads
     if cfg.engine == "ray":
