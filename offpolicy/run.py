@@ -50,7 +50,8 @@ def threads_line(cfg: DictConfig) -> str:
 def start_line(cfg: DictConfig, engine: Engine, compiled: CompileChoice, parts: AlgoParts, run_dir: Path,
                progress: Progress, resumed: bool) -> str:
     """What a run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill, whether
-    the learner step is compiled and why, on how many threads, what the parts add (DQN's CNN precision), run directory."""
+    the learner step is compiled and why, on how many threads, what the parts add (DQN's CNN precision), run
+    directory."""
     return (f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser steps "
             f"per collected transition = {optim_steps_per_batch(cfg)} steps per "
             f"{cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "

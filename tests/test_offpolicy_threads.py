@@ -73,4 +73,5 @@ def test_a_run_learns_on_the_threads_auto_gives_and_says_so(monkeypatch, tmp_pat
         torch.set_num_threads(before)
     assert s["status"] == "completed" and s["optim_steps"] > 0
     assert seen and set(seen) == {2}
-    assert "planned optimiser steps < 25,000) on 2 torch threads (threads=auto), subnormals flushed" in capsys.readouterr().out
+    start_line = capsys.readouterr().out
+    assert "planned optimiser steps < 25,000) on 2 torch threads (threads=auto), subnormals flushed" in start_line
