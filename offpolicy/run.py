@@ -39,24 +39,20 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
     return round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)
 
 
-def threads_line(cfg: DictConfig) -> str:
-    """``N torch thread(s) (threads=...)`` and where subnormals are flushed, for the start line."""
-    n = learner_threads(cfg)
-    flushed = ("subnormals flushed" if denormals.every_thread_flushes() else
-               "subnormals flushed on the main thread only (torch's threads started before this run)")
-    return f"{n} torch thread{'s' if n > 1 else ''} (threads={cfg.threads}), {flushed}"
-
-
 def start_line(cfg: DictConfig, engine: Engine, compiled: CompileChoice, parts: AlgoParts, run_dir: Path,
                progress: Progress, resumed: bool) -> str:
     """What a run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill, whether
     the learner step is compiled and why, on how many threads, what the parts add (DQN's CNN precision), run
     directory."""
+    threads = learner_threads(cfg)
+    flushed = ("subnormals flushed" if denormals.every_thread_flushes() else
+               "subnormals flushed on the main thread only (torch's threads started before this run)")
     return (f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser steps "
             f"per collected transition = {optim_steps_per_batch(cfg)} steps per "
             f"{cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
             f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
-            f"{cfg.collector.prefill_env_steps} env steps; learner step {compiled.describe()} on {threads_line(cfg)}; "
+            f"{cfg.collector.prefill_env_steps} env steps; learner step {compiled.describe()} on "
+            f"{threads} torch thread{'s' if threads > 1 else ''} (threads={cfg.threads}), {flushed}; "
             + (f"{parts.describe}; " if parts.describe else "")
             + f"run dir {run_dir}"
             + (f"; resumed at {progress.env_steps} env steps" if resumed else ""))
