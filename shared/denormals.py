@@ -20,23 +20,13 @@ import torch
 GRAIN = 32768  # at::internal::GRAIN_SIZE: torch splits an elementwise op over its threads in chunks of at least this
 
 
-def start_intra_op_threads(threads: int) -> bool:
-    """Set torch's intra-op threads to ``threads`` and start them flushing subnormals; True when every one of them
-    then flushes. False when the CPU cannot flush, or torch's threads had started before in this process (a run from
-    Python after other torch work, a test): they keep their setting, and the learner is only slower."""
+def start_intra_op_threads(threads: int) -> None:
+    """Set torch's intra-op threads to ``threads`` and start them flushing subnormals. Threads that had started before
+    in this process (a run from Python after other torch work, a test) keep their setting: the learner is only slower
+    there, and :func:`every_thread_flushes` tells."""
     torch.set_num_threads(threads)
-    if not torch.set_flush_denormal(True):
-        return False
-    try:
+    with flushing():
         torch.zeros(GRAIN * threads * 4).add_(1.0)  # an op large enough to run on every thread: starts them
-        return _every_thread_flushes(threads)
-    finally:
-        torch.set_flush_denormal(False)
-
-
-def _every_thread_flushes(threads: int) -> bool:
-    smallest = torch.ones(GRAIN * threads * 4, dtype=torch.int32).view(torch.float32)  # 1.4e-45, written as bits
-    return bool(((smallest * 1.0) == 0).all())
 
 
 @contextlib.contextmanager
@@ -51,6 +41,9 @@ def flushing():
 
 
 def every_thread_flushes() -> bool:
-    """Whether an op spread over all of torch's intra-op threads flushes subnormals inside :func:`flushing`."""
+    """Whether an op spread over all of torch's intra-op threads flushes subnormals inside :func:`flushing` (False too
+    where the CPU cannot flush)."""
+    n = GRAIN * torch.get_num_threads() * 4
+    smallest = torch.ones(n, dtype=torch.int32).view(torch.float32)  # 1.4e-45, written as bits
     with flushing():
-        return _every_thread_flushes(torch.get_num_threads())
+        return bool(((smallest * 1.0) == 0).all())

@@ -72,6 +72,7 @@ def transition_bytes(cfg: DictConfig) -> int:
 def make_plan(cfg: DictConfig) -> dict:
     """The run's numbers; ``cfg`` is already validated by ``compose_config``."""
     ray = cfg.engine == "ray"
+    threads = learner_threads(cfg)
     collectors = cfg.ray.num_collectors if ray else 1
     world_size = cfg.ray.world_size if ray else 1
     envs = collectors * cfg.env.num_envs
@@ -98,8 +99,8 @@ def make_plan(cfg: DictConfig) -> dict:
         "evaluations": cfg.total_env_steps // cfg.eval.interval_env_steps if cfg.eval.interval_env_steps else 0,
         "eval_interval_env_steps": cfg.eval.interval_env_steps,
         "eval_episodes": cfg.eval.episodes, "eval_max_episode_steps": eval_max_steps(cfg),  # Atari: whole games
-        "final_eval_episodes": cfg.eval.final_episodes, "backend": cfg.env.backend, "threads": learner_threads(cfg),
-        "collector_cpus": cfg.ray.collector_cpus if ray else learner_threads(cfg),
+        "final_eval_episodes": cfg.eval.final_episodes, "backend": cfg.env.backend, "threads": threads,
+        "collector_cpus": cfg.ray.collector_cpus if ray else threads,
         "collector_gpus": cfg.ray.collector_gpus if ray else 0, "learner_gpus": cfg.ray.learner_gpus if ray else 0,
         "resources": engine_class(cfg.engine).resources(cfg),
     }
