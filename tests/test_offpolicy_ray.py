@@ -28,12 +28,25 @@ from shared.logging import read_scalars
 RAY_PROCESS_NAMES = ("raylet", "gcs_server")
 
 
+def _in_this_session(process: psutil.Process) -> bool:
+    """Whether a Ray process belongs to a cluster of this test session: its command line (raylet, gcs_server) or the
+    log files it holds open (every Ray process, the Python ones rename themselves) lie under the session's
+    ``RAY_TMPDIR`` (tests/conftest.py). Another Ray job on the machine is not ours to judge."""
+    root = os.environ["RAY_TMPDIR"]
+    try:
+        return (any(root in part for part in process.cmdline())
+                or any(f.path.startswith(root) for f in process.open_files()))
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 def ray_processes() -> list[str]:
-    """Names of the Ray processes running on this machine (a finished run must leave none)."""
+    """Names of this test session's Ray processes still running (a finished run must leave none)."""
     names = []
     for p in psutil.process_iter(["name", "status"]):
         name = p.info["name"] or ""
-        if p.info["status"] != psutil.STATUS_ZOMBIE and (name in RAY_PROCESS_NAMES or name.startswith("ray::")):
+        if (p.info["status"] != psutil.STATUS_ZOMBIE and (name in RAY_PROCESS_NAMES or name.startswith("ray::"))
+                and _in_this_session(p)):
             names.append(name)
     return names
 
@@ -299,6 +312,8 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path, capsys):
         pool = CollectorPool(cfg, parts.collect_policy, replay, None, seed=0)
         weights = TensorDict.from_module(parts.collect_policy).data
         assert pool.call("policy_version") == [0, 0]  # the actors are up: their start-up is not timed below
+        # the leftover check sees this session's cluster (else every `not wait_no_ray()` would hold vacuously)
+        assert {"raylet", "gcs_server", "ray::CollectorActor"} <= set(ray_processes())
         start = time.monotonic()
         pool.restore(weights, version=1_000_000)
         assert time.monotonic() - start < 10

@@ -252,10 +252,16 @@ class RayEngine(Engine):
             config = OmegaConf.to_container(cfg, resolve=True)
             self.ranks = [rank_cls.remote(config, Specs(env), self.replay.client(), rank, cfg.ray.world_size, seed)
                           for rank in range(cfg.ray.world_size)]
-            host, port = self._get(self.ranks[0].address.remote(), float(cfg.ray.setup_timeout_s))
-            if cfg.ray.address is None:
-                host = "127.0.0.1"
-            self._get([r.connect.remote(host, port) for r in self.ranks], float(cfg.ray.setup_timeout_s))
+            setup = float(cfg.ray.setup_timeout_s)
+            try:
+                host, port = self._get(self.ranks[0].address.remote(), setup)
+                if cfg.ray.address is None:
+                    host = "127.0.0.1"
+                self._get([r.connect.remote(host, port) for r in self.ranks], setup)
+            except ray.exceptions.GetTimeoutError:
+                raise ConfigError(f"ray.setup_timeout_s={cfg.ray.setup_timeout_s:g}: the learner ranks did not start "
+                                  "and connect within it (a busy or small machine); allowed: a larger "
+                                  "ray.setup_timeout_s") from None
         except BaseException:
             self.close()
             raise
