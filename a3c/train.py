@@ -145,6 +145,10 @@ def train(cfg: DictConfig, ckpt: dict | None = None) -> dict:
         "train_return_last_100": sum(recent) / len(recent) if recent else None,
         "last_eval": dict(zip(("frames", "return", "return_std", "episodes", "result_frames"), last_evals[-1]))
         if last_evals else None,
+        # every periodic evaluation of this session, as the shared statistics hold it (worker 0's log has only those
+        # that came before it finished)
+        "evaluations": [dict(zip(("frames", "return", "return_std", "episodes", "result_frames"), e))
+                        for e in all_evals],
         "eval_max_lag_frames": max((e[4] - e[0] for e in all_evals), default=None),
         "eval_wait_s": stats.eval_wait_s(), "evaluator_restarts": pool.evaluator_restarts,
         "final_eval": stats.final_evaluation(),

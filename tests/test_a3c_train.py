@@ -164,10 +164,16 @@ def test_periodic_evaluations_keep_up_with_training(tmp_path):
                         "eval.episodes=4", "eval.max_episode_frames=2000", "eval.final_episodes=0", f"run_dir={run_dir}")
     assert result.returncode == 0, result.stderr[-2000:]
     summary = _summary(run_dir)
-    # worker 0 logs the results that came before it finished; the summary counts every one
-    labels, lags = read_scalars(run_dir, "eval/lag_frames")
-    assert summary["evals"] >= len(labels) >= 4
+    # what the run records (its shared statistics), not what worker 0 managed to log before it finished: each
+    # evaluation blocks training one interval past its weights, so the evaluations of intervals 1-4 finished before
+    # training could pass interval 5, whatever the timing
+    evaluations = summary["evaluations"]
+    labels = [e["frames"] for e in evaluations]
+    lags = [e["result_frames"] - e["frames"] for e in evaluations]
+    assert summary["evals"] == len(evaluations) >= 4
     assert all(0 <= lag <= interval + in_flight for lag in lags), lags
-    assert max(lags) <= summary["eval_max_lag_frames"] <= interval + in_flight
+    assert max(lags) == summary["eval_max_lag_frames"] <= interval + in_flight
     assert [int(frames) // interval for frames in labels] == list(range(1, len(labels) + 1))  # none skipped
+    logged, _ = read_scalars(run_dir, "eval/lag_frames")  # worker 0 logged a prefix of them
+    assert logged == labels[:len(logged)]
     assert sum(summary["eval_wait_s"]) > 0 and summary["evaluator_restarts"] == 0
