@@ -132,10 +132,25 @@ def test_a_silent_background_collector_is_stopped():
             next(iter(collector))
         assert time.monotonic() - start < 5
         assert re.fullmatch(rf"the background collector process \(offpolicy-collector, pid {collector.process.pid}\) "
-                            r"sent no batch for \d+\.\d s after its order \(collector\.overlap_timeout_s=0\.5\); "
+                            r"sent no batch in \d+\.\d s of waiting for it \(collector\.overlap_timeout_s=0\.5\); "
                             r"stopped it", str(lost.value)), lost.value
-        assert float(str(lost.value).split(" for ")[1].split(" s ")[0]) >= 0.5
+        assert float(str(lost.value).split(" batch in ")[1].split(" s ")[0]) >= 0.5
         assert collector.process.exitcode == -signal.SIGKILL
+    finally:
+        collector.shutdown()
+
+
+def test_the_learner_s_own_time_is_not_the_child_s_silence():
+    """The silence a timeout ends counts from when this process starts waiting: a round of learning longer than the
+    timeout between an order and its wait (a long compile, a high UTD) finds the batch waiting, not a stopped child.
+    Before, the silence counted from the order, and a healthy child was stopped."""
+    _, collector = _collector()
+    try:
+        batches = iter(collector)
+        next(batches)  # the child is up; batch 1 is ordered now
+        collector.timeout_s = 1.0
+        time.sleep(2.5)  # this process "learns" for 2.5 timeouts
+        assert next(batches).numel() == 50 and collector.process.is_alive()
     finally:
         collector.shutdown()
 
@@ -169,8 +184,8 @@ def test_settings_overlap_cannot_serve_are_refused(overrides):
 
 @pytest.mark.parametrize("signum, error", [
     (signal.SIGKILL, r"the background collector process died \(exit code -9\)"),
-    (signal.SIGSTOP, r"the background collector process \(offpolicy-collector, pid \d+\) sent no batch for \d+\.\d s "
-                     r"after its order \(collector\.overlap_timeout_s=0\.5\); stopped it"),
+    (signal.SIGSTOP, r"the background collector process \(offpolicy-collector, pid \d+\) sent no batch in \d+\.\d s "
+                     r"of waiting for it \(collector\.overlap_timeout_s=0\.5\); stopped it"),
 ], ids=["killed", "stopped"])
 def test_a_lost_child_ends_the_run_with_its_error_and_a_checkpoint(tmp_path, monkeypatch, signum, error):
     """The child killed, or stopped (alive but silent), as its third batch is ordered (the two before are back):

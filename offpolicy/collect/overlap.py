@@ -13,7 +13,7 @@ slot and orders the next batch with its version; the child copies the slot into 
 and this process writes the slot again only once that batch is back.
 
 A child that dies is noticed within a second; one that lives but sends nothing (a hung env, a deadlock) is stopped once
-its batch is ``collector.overlap_timeout_s`` late. Either ends the run with :class:`CollectorLost`.
+this process has waited ``collector.overlap_timeout_s`` for its batch. Either ends the run with :class:`CollectorLost`.
 """
 from __future__ import annotations
 
@@ -75,8 +75,8 @@ class BackgroundCollector:
     collector: iteration, ``update_policy_weights_()`` (one version more), ``policy_version``,
     ``policy_version_tracker.version`` (set on resume) and ``shutdown()``. ``seed`` seeds the env copies as the lean
     collector in this process would, and the child's torch draws; ``obs_norm``: the run's observation statistics.
-    A batch not back ``timeout_s`` (``collector.overlap_timeout_s``) after its order (the first: the child's start
-    included) stops the child."""
+    A batch this process has waited ``timeout_s`` (``collector.overlap_timeout_s``) for stops the child (the first
+    wait includes the child's start)."""
 
     def __init__(self, cfg: DictConfig, policy, seed: int, obs_norm: dict | None):
         ctx = mp.get_context("spawn")
@@ -113,8 +113,11 @@ class BackgroundCollector:
         self.in_flight = True
 
     def _receive(self) -> TensorDict:
+        # the child's silence counts from when this process starts waiting, not from the order: the child collects
+        # while this process learns, and a long round of learning (or its compilation) is no silence of the child
+        waiting_since = time.monotonic()
         while True:
-            silent = time.monotonic() - self.ordered_at
+            silent = time.monotonic() - waiting_since
             if silent >= self.timeout_s:
                 raise self._stop_silent(silent) if self.process.is_alive() else self._died()
             try:
@@ -142,7 +145,7 @@ class BackgroundCollector:
         self.process.kill()
         self.process.join()
         return CollectorLost(f"the background collector process ({self.process.name}, pid {self.process.pid}) sent "
-                             f"no batch for {silent:.1f} s after its order (collector.overlap_timeout_s="
+                             f"no batch in {silent:.1f} s of waiting for it (collector.overlap_timeout_s="
                              f"{self.timeout_s:g}); stopped it")
 
     @property
