@@ -32,8 +32,12 @@ class CompileChoice:
 
 
 def planned_optim_steps(cfg: DictConfig) -> int:
-    """Optimiser steps the whole run makes: ``utd_ratio`` per transition collected after the prefill."""
-    return round(max(0, cfg.total_env_steps - cfg.collector.prefill_env_steps) * cfg.optim.utd_ratio)
+    """Optimiser steps the whole run makes, as the loop counts them: every round from the first whose batch brings
+    replay to the prefill on (that round included) runs ``utd_ratio * env_steps_per_batch`` steps."""
+    batch = cfg.collector.env_steps_per_batch
+    rounds = -(-cfg.total_env_steps // batch)
+    first_learning = max(1, -(-cfg.collector.prefill_env_steps // batch))
+    return max(0, rounds - first_learning + 1) * round(cfg.optim.utd_ratio * batch)
 
 
 def compile_choice(cfg: DictConfig) -> CompileChoice:

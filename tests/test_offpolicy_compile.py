@@ -170,21 +170,25 @@ def _choice(*overrides):
 
 
 @pytest.mark.parametrize("overrides, enabled, reason", [
-    (["profile=smoke"], False, "compile.enabled=auto: 100 planned optimiser steps < 25,000"),
-    (["total_env_steps=30000", "collector.prefill_env_steps=5000"], True,
+    # smoke: 3 rounds of 100, replay reaches the 200-step prefill in round 2: rounds 2 and 3 learn, 100 steps each
+    (["profile=smoke"], False, "compile.enabled=auto: 200 planned optimiser steps < 25,000"),
+    # 1,000-step rounds: rounds 5 to 29 learn (the round that fills the prefill included)
+    (["total_env_steps=29000", "collector.prefill_env_steps=5000"], True,
      "compile.enabled=auto: 25,000 planned optimiser steps >= 25,000"),
-    (["total_env_steps=29999", "collector.prefill_env_steps=5000"], False,
-     "compile.enabled=auto: 24,999 planned optimiser steps < 25,000"),
-    (["total_env_steps=55000", "collector.prefill_env_steps=5000", "optim.utd_ratio=0.5"], True,
+    (["total_env_steps=28000", "collector.prefill_env_steps=5000"], False,
+     "compile.enabled=auto: 24,000 planned optimiser steps < 25,000"),
+    (["total_env_steps=28001", "collector.prefill_env_steps=5000"], True,  # a last, partly needed round runs whole
      "compile.enabled=auto: 25,000 planned optimiser steps >= 25,000"),
-    (["total_env_steps=30000", "collector.prefill_env_steps=5000", "compile.auto_min_optim_steps=25001"], False,
+    (["total_env_steps=54000", "collector.prefill_env_steps=5000", "optim.utd_ratio=0.5"], True,
+     "compile.enabled=auto: 25,000 planned optimiser steps >= 25,000"),
+    (["total_env_steps=29000", "collector.prefill_env_steps=5000", "compile.auto_min_optim_steps=25001"], False,
      "compile.enabled=auto: 25,000 planned optimiser steps < 25,001"),
     (["compile.enabled=false"], False, "compile.enabled=false"),
     (["profile=smoke", "compile.enabled=true"], True, "compile.enabled=true"),
 ])
 def test_auto_compiles_the_runs_long_enough_to_repay_it(overrides, enabled, reason):
-    """auto compiles from compile.auto_min_optim_steps planned optimiser steps ((total - prefill) * UTD) on; true and
-    false force either path."""
+    """auto compiles from compile.auto_min_optim_steps planned optimiser steps (the steps the loop will run) on; true
+    and false force either path."""
     choice = _choice(*overrides)
     assert (choice.enabled, choice.reason) == (enabled, reason)
 

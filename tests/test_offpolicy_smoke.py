@@ -5,6 +5,7 @@ import pytest
 from offpolicy_helpers import run_cli, summary
 
 from offpolicy.algos import ALGOS, algorithm
+from offpolicy.compiling import planned_optim_steps
 from offpolicy.config import compose_config
 from shared.logging import read_scalars
 
@@ -32,7 +33,7 @@ def test_smoke_run(algo, tmp_path):
     assert s["env_steps"] == 300 and s["batches"] == 3 and s["replay_writes"] == 300
     assert s["policy_version"] == 3
     assert s["compile_recompiles"] is None  # eager learner (compiled runs: tests/test_offpolicy_compile.py)
-    assert s["optim_steps"] == 2 * steps_per_batch > 0
+    assert s["optim_steps"] == 2 * steps_per_batch == planned_optim_steps(cfg) > 0  # the plan compile auto reads
     assert s["env"] == cfg.env.name  # the algorithm's default env
     discrete = algorithm(algo).discrete
     for name in ("loss/grad_norm_q" if discrete else "loss/grad_norm_critic", "collector/env_steps_per_s",
