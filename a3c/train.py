@@ -28,6 +28,7 @@ from shared.checkpoint import load_checkpoint, resumed_config, resumed_seed, sav
 from shared.config import make_run_dir, overrides_argv, parse_overrides, python_entry_point, run_cli
 from shared.atari import atari_rom, minimal_action_set
 from shared.plots import plot_curves
+from shared.processes import check_main_guard
 
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
@@ -74,6 +75,7 @@ def compose_run(argv: list[str]) -> tuple[DictConfig, dict | None]:
 def train(cfg: DictConfig, ckpt: dict | None = None) -> dict:
     """Run the job ``cfg`` describes (continuing checkpoint ``ckpt``); returns the summary (also written to
     ``summary.json``)."""
+    check_main_guard("a3c.train")  # before the run dir or any worker: the workers are spawned
     run_dir = make_run_dir(cfg, f"a3c-{cfg.env.name}")
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers before they import torch
     torch.set_num_threads(1)

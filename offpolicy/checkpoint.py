@@ -45,6 +45,9 @@ class Checkpoint:
     def read(cls, path: str | Path, key: str = "resume") -> "Checkpoint":
         """Load ``path`` (given as ``key=``); anything wrong with the file is one ConfigError naming ``key``."""
         state = load_checkpoint(path, key=key, required=cls.KEYS, written_by="offpolicy.train")
+        if state.get("broken"):
+            raise ConfigError(f"{key}={str(path)!r} is the state at a broken invariant ({state['broken']}), kept for "
+                              "inspection; allowed: the run's checkpoints/last.pt (its last whole round)")
         return cls(state, resumed_config(current_keys(state["config"]), path))
 
     @property
@@ -56,10 +59,13 @@ class Checkpoint:
         return self.state["obs_norm"]
 
     @staticmethod
-    def write(path: Path, cfg: DictConfig, *, counters: dict, engine, exploration, obs_norm: dict | None) -> Path:
-        """Atomically write everything a resume needs (at a round boundary: the counters match the learner)."""
+    def write(path: Path, cfg: DictConfig, *, counters: dict, engine, exploration, obs_norm: dict | None,
+              broken: str | None = None) -> Path:
+        """Atomically write everything a resume needs (at a round boundary: the counters match the learner);
+        ``broken``: the invariant the state broke (such a file is for inspection; :meth:`read` refuses it)."""
         keep_replay = cfg.replay.in_checkpoint or cfg.replay.storage == "memmap"
         state = {
+            "broken": broken,
             "config": OmegaConf.to_container(cfg, resolve=True),
             "counters": counters,
             "learner": engine.learner_state(),

@@ -11,7 +11,7 @@ from offpolicy.checkpoint import RENAMED, Checkpoint
 from offpolicy.engines import ENGINES, engine_class
 from shared.config import CONFIG_ROOT, ConfigError, Group, Rule, compose, parse_overrides
 from shared.env_backends import ENV_BACKENDS, check_backend
-from shared.envs import check_gym_name, check_renders, env_kind
+from shared.envs import check_gym_name, check_renders, env_kind, warn_unless_found_by_name
 from shared.logging import BACKENDS, check_logger_backend
 
 CONFIG_DIR = CONFIG_ROOT / "offpolicy"
@@ -104,6 +104,9 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, Checkpoint | None]:
     if base is not None and overrides.get("algo", base["algo"]) != base["algo"]:
         raise ConfigError(f"algo={overrides['algo']!r} differs from the resumed run's; allowed: {base['algo']}")
     cfg = compose(CONFIG_DIR, overrides, groups=GROUPS, rules=RULES, base=base)
+    if not isinstance(cfg.env.name, str) or not cfg.env.name.strip():
+        raise ConfigError(f"env.name={cfg.env.name!r} is not allowed; allowed: a Gymnasium id, module:EnvId, an ALE "
+                          "game or dmc:<domain>-<task> (leave env out for the algorithm's default)")
     cfg.env.kind = env_kind(cfg.env.name)  # decided here once; every part of the run reads env.kind
     check_logger_backend(cfg.logger.backend)
     if checkpoint is not None:
@@ -121,6 +124,8 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, Checkpoint | None]:
                               "Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5)")
     else:
         check_gym_name(cfg.env.name)
+        if cfg.env.kind == "gymnasium" and ":" not in cfg.env.name:
+            warn_unless_found_by_name(cfg.env.name)
         if cfg.eval.video and cfg.env.kind != "dmc":
             check_renders(cfg.env.name)
     check_env_backend(cfg)

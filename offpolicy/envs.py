@@ -2,11 +2,16 @@
 observation normalisation) and the evaluation env, built on shared/envs.py."""
 from __future__ import annotations
 
+import shutil
+import tempfile
+import weakref
 from functools import partial
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from shared.atari import AtariSettings
+from shared.env_guard import EnvFault, reported_fault
 from shared.envs import make_env
 
 
@@ -66,10 +71,16 @@ def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: in
     elif cfg.env.kind == "atari" or n == 1:  # AtariVectorEnv batches its games itself
         base = make_env(cfg.env.name, seed=seed, num_envs=n, atari=atari_settings(cfg.env), train=True,
                         **_pixels(cfg.env))
-    else:
-        batched = ParallelEnv if cfg.env.vector == "process" else SerialEnv
-        base = batched(n, partial(make_env, cfg.env.name, seed=seed, train=True, **_pixels(cfg.env)))
+    elif cfg.env.vector == "process":  # torchrl's env workers tell only that one exited: each guard writes its fault
+        report = Path(tempfile.mkdtemp(prefix="rlstack-env-faults-"))
+        base = ParallelEnv(n, partial(make_env, cfg.env.name, seed=seed, train=True, fault_report=report,
+                                      **_pixels(cfg.env)))
+        base.env_fault_report = report  # read by reported_env_fault; removed with the env
+        weakref.finalize(base, shutil.rmtree, report, True)
         base.set_seed(seed)  # copy i gets seed + i
+    else:
+        base = SerialEnv(n, partial(make_env, cfg.env.name, seed=seed, train=True, **_pixels(cfg.env)))
+        base.set_seed(seed)
     # StepCounter: episode lengths for train/episode_length; InitTracker: Ornstein-Uhlenbeck noise resets on is_init
     env = base if isinstance(base, TransformedEnv) else TransformedEnv(base)  # nesting TransformedEnvs warns
     env.append_transform(Compose(StepCounter(), InitTracker()))
@@ -80,6 +91,16 @@ def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: in
             reduce_dim = tuple(range(len(env.batch_size) + 1))  # batch dims + time
             norm.init_stats(num_iter=cfg.env.obs_norm_init_steps, reduce_dim=reduce_dim, cat_dim=len(env.batch_size))
     return env
+
+
+def reported_env_fault(env) -> EnvFault | None:
+    """The fault an env worker of the training env ``env`` reported (``env.vector=process``: the worker's exception
+    stays in its process), None: none; a collector that fails asks this before it re-raises."""
+    from torchrl.envs import TransformedEnv
+
+    base = env.base_env if isinstance(env, TransformedEnv) else env
+    report = base.__dict__.get("env_fault_report")
+    return reported_fault(report) if report is not None else None
 
 
 def obs_norm_state(env) -> dict | None:

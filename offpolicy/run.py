@@ -28,9 +28,11 @@ from offpolicy.progress import Progress
 from shared import denormals
 from shared.checkpoint import resumed_seed
 from shared.config import make_run_dir
+from shared.env_guard import EnvFault, env_fault_of
 from shared.files import atomic_write_text
 from shared.logging import make_logger
 from shared.plots import plot_curves
+from shared.processes import check_main_guard
 
 
 def optim_steps_per_batch(cfg: DictConfig) -> int:
@@ -68,6 +70,9 @@ class Run:
         seed = resumed_seed(cfg.seed, progress.env_steps)  # a resumed run plays new episodes, not the first run's again
         builder = Builder(cfg)
         engine_cls = engine_class(cfg.engine)  # the one place where local or Ray is chosen
+        spawns = engine_cls.spawned_children(cfg)
+        if spawns is not None:  # before the first child: a script without a __main__ guard would start it again
+            check_main_guard(f"offpolicy.train with {spawns}")
         env = builder.train_env(checkpoint.obs_norm if checkpoint is not None else None, seed=seed,
                                 num_envs=engine_cls.training_env_copies(cfg))
         try:
@@ -109,6 +114,8 @@ class Run:
         self.checkpoint_saved: Path | None = None  # the latest checkpoint written (or found) for this run
         self.stop_requested = False  # first Ctrl-C / SIGTERM: stop after this round
         self.stop_now = False  # second: stop after the current optimiser step (the round is recorded as it ran)
+        self.env_fault: EnvFault | None = None  # the user's env failure that ended the run
+        self.broken_state: Path | None = None  # the state at a broken invariant (checkpoints/broken.pt)
         interval = cfg.eval.interval_env_steps
         self._next_eval = (progress.env_steps // interval + 1) * interval if interval else None
         self._last_checkpoint = time.monotonic()
@@ -171,6 +178,15 @@ class Run:
         self._last_checkpoint = time.monotonic()
         return self.checkpoint_saved
 
+    def save_broken_state(self, error: str) -> None:
+        """The state at a broken invariant goes to ``checkpoints/broken.pt``, for inspection (marked: a resume refuses
+        it); ``last.pt`` keeps the last whole round's checkpoint, if one was written, so every ``last.pt`` resumes."""
+        self.broken_state = Checkpoint.write(self.checkpoint_path.with_name("broken.pt"), self.cfg,
+                                             counters=self.progress.state_dict(), engine=self.engine,
+                                             exploration=self.parts.exploration, obs_norm=self.obs_norm,
+                                             broken=error)
+        self.checkpoint_saved = self.checkpoint_path if self.checkpoint_path.exists() else None
+
     def until_stopped(self, loop: Callable[["Run"], None]) -> tuple[str, str | None]:
         """Run ``loop(self)`` with Ctrl-C / SIGTERM turned into a stop after the current round, a second one into a
         stop after the current optimiser step (collection finishes its batch), and save a checkpoint at the end:
@@ -206,9 +222,14 @@ class Run:
             print(f"aborted: not saved; the latest checkpoint is {self.checkpoint_saved}", file=sys.stderr)
             return "interrupted", None
         except Exception as exc:
-            error = type(self.engine).describe_failure(exc)
-            if error is None:
-                raise
+            fault = env_fault_of(exc)  # the user's env failed (raised, or a non-finite value), in whichever process
+            if fault is not None:
+                self.env_fault = fault
+                error = f"{fault} (after {self.progress.env_steps} env steps of the run)"
+            else:
+                error = type(self.engine).describe_failure(exc)
+                if error is None:
+                    raise
             status = "failed"
         finally:
             for sig, handler in previous.items():
@@ -216,7 +237,10 @@ class Run:
             if self.bar is not None:
                 self.bar.close()
         try:
-            self.save_checkpoint()
+            if status == "invariant_broken":
+                self.save_broken_state(error)
+            else:
+                self.save_checkpoint()
         except LearnerLost as exc:
             self.checkpoint_saved = self.checkpoint_path if self.checkpoint_path.exists() else None
             print(f"warning: {exc}: the latest checkpoint is {self.checkpoint_saved}", file=sys.stderr)
@@ -258,7 +282,10 @@ class Run:
             "eval_return_last": evals[-1] if evals else None, "eval_return_best": max(evals) if evals else None,
             "stop_return_reached": progress.stop_return_reached,
             "collector_restarts": self.engine.collector_restarts(),
+            "env_fault": None if self.env_fault is None else {
+                "env": self.env_fault.env, "step": self.env_fault.step, "cause": self.env_fault.cause},
             "eval_error": self.evaluator.error, "compile_recompiles": self.metrics.compile_recompiles,
             "elapsed_s": round(progress.elapsed_s, 2),
-            "checkpoint": self.checkpoint_saved and str(self.checkpoint_saved), "run_dir": str(self.run_dir),
+            "checkpoint": self.checkpoint_saved and str(self.checkpoint_saved),
+            "broken_state": self.broken_state and str(self.broken_state), "run_dir": str(self.run_dir),
         }

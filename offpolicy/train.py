@@ -26,6 +26,7 @@ USAGE = (f"usage: python -m offpolicy.train algo={'|'.join(ALGOS)} [env=NAME] [p
          "[engine=local|ray] [run_dir=PATH] [resume=CHECKPOINT] [key=value ...]")
 EXIT_INVARIANT = 3
 EXIT_FAILED = 4
+EXIT_ENV_FAULT = 5
 EXIT_INTERRUPTED = 130
 
 
@@ -49,7 +50,8 @@ def from_python(**overrides) -> dict:
 
 def main(argv: list[str]) -> int:
     """CLI: compose the config, train, print where the results are; exit 3 on a broken invariant, 4 when a Ray actor
-    or the background collector fails, 130 on Ctrl-C."""
+    or the background collector fails, 5 when the env fails (raises, or returns a non-finite value), 130 on
+    Ctrl-C."""
     if any(a in ("-h", "--help", "help") for a in argv):
         print(help_text(CONFIG_DIR, USAGE, ALIASES, GROUPS))
         return 0
@@ -57,12 +59,12 @@ def main(argv: list[str]) -> int:
     summary = train(cfg, checkpoint)
     print(json.dumps(summary))
     if summary["status"] == "invariant_broken":
-        print(f"error: invariant broken: {summary['error']}; checkpoint saved to {summary['checkpoint']}",
-              file=sys.stderr)
+        print(f"error: invariant broken: {summary['error']}; the state at the break: {summary['broken_state']} (for "
+              f"inspection, not resumable); latest checkpoint: {summary['checkpoint']}", file=sys.stderr)
         return EXIT_INVARIANT
     if summary["status"] == "failed":
         print(f"error: {summary['error']}; latest checkpoint: {summary['checkpoint']}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_ENV_FAULT if summary["env_fault"] else EXIT_FAILED
     if summary["status"] == "interrupted":
         print(f"interrupted; latest checkpoint: {summary['checkpoint']}", file=sys.stderr)
         return EXIT_INTERRUPTED

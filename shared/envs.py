@@ -1,18 +1,22 @@
-"""The torchrl env of any name both engines take: a Gymnasium/MuJoCo id (``GymEnv``), an env of the user's own package
-(``module:EnvId``, Gymnasium's form), a dm_control suite task (``dmc:<domain>-<task>``, shared/dmc.py) or an ALE game
-(the shared Atari stack, shared/atari.py); state vectors
-(float32 ``"observation"``) or, with ``from_pixels=True``, camera images (uint8 ``"observation"`` ``[3, H, W]``,
-rendered at ``image_size`` directly, shadows and reflections off, shared/rendering.py).
+"""The torchrl env of any name both engines take: a Gymnasium/MuJoCo id (``gymnasium.make`` in the fault guard of
+shared/env_guard.py, then ``GymWrapper``), an env of the user's own package (``module:EnvId``, Gymnasium's form), a
+dm_control suite task (``dmc:<domain>-<task>``, shared/dmc.py) or an ALE game (the shared Atari stack,
+shared/atari.py); state vectors (float32 ``"observation"``) or, with ``from_pixels=True``, camera images (uint8
+``"observation"`` ``[3, H, W]``, rendered at ``image_size`` directly, shadows and reflections off,
+shared/rendering.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import importlib
+import sys
+from pathlib import Path
 
 from shared.atari import GAME_KEYS, AtariSettings, is_atari, make_atari_vector_env
 from shared.config import ConfigError
 from shared.dmc import dmc_base, dmc_task, is_dmc
+from shared.env_guard import make_gym
 from shared.rendering import current_gl_context_wrapper, fast_render, headless_gl
 
 
@@ -33,7 +37,16 @@ def import_own_env(name: str) -> str:
     except ImportError as exc:  # the module, or a package it needs, is missing
         raise ConfigError(f"env.name={name!r}: module {module!r} cannot be imported ({exc}); allowed: a module on "
                           "PYTHONPATH (or installed) that registers the id with gymnasium.register") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module raised while it ran (a SyntaxError, a RuntimeError...)
+        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) else ""
+        raise ConfigError(f"env.name={name!r}: importing module {module!r} raised {type(exc).__name__}{where}: "
+                          f"{_first_line(exc)}; allowed: a module that imports without an error") from None
     return env_id[0]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"
 
 
 def _ids_of(module: str) -> list[str]:
@@ -87,6 +100,34 @@ def check_gym_name(name: str) -> None:
                           f"an image), e.g. {examples}")
 
 
+def _entry_module(env_id: str) -> str:
+    """The module that holds Gymnasium id ``env_id``'s entry point."""
+    import gymnasium
+
+    entry = gymnasium.spec(env_id).entry_point
+    return entry.split(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "") or ""
+
+
+def warn_unless_found_by_name(name: str) -> None:
+    """Print a warning when the bare id ``name`` is registered by a module this process imported by hand (or by the
+    script itself): training here works, but a resume, ``evaluate``, ``export`` and env worker processes make the env
+    from the name alone and will not find it. Gymnasium's own ids, ALE's and those of installed Gymnasium plugins are
+    found by name."""
+    from importlib.metadata import entry_points
+
+    module = _entry_module(name)
+    package = module.split(".")[0]
+    if package in {"gymnasium", "ale_py"} | {ep.module.split(".")[0] for ep in entry_points(group="gymnasium.envs")}:
+        return
+    if module == "__main__":
+        advice = "define the env in a module of its own and use env.name=<module>:" + name
+    else:
+        advice = f"use env.name={module}:{name}, which imports it wherever the env is made"
+    print(f"warning: env.name={name!r} is registered by {module or 'code'} that this process imported by hand; a "
+          f"resume, offpolicy.evaluate / export and env worker processes make the env from its name alone and will "
+          f"not find it; {advice}", file=sys.stderr)
+
+
 def check_renders(name: str) -> None:
     """A ConfigError unless Gymnasium id ``name`` renders frames here (what ``eval.video=true`` records): classic
     control needs pygame, MuJoCo an offscreen GL."""
@@ -96,12 +137,20 @@ def check_renders(name: str) -> None:
         env = gymnasium.make(name, render_mode="rgb_array", disable_env_checker=True)
         try:
             env.reset(seed=0)
-            env.render()
+            frame = env.render()
         finally:
             env.close()
     except gymnasium.error.DependencyNotInstalled as exc:
         raise ConfigError(f"eval.video=true cannot render env.name={name!r} here ({str(exc).splitlines()[0]}); "
                           "allowed: eval.video=false, or install what it names") from None
+    except Exception as exc:  # noqa: BLE001 - an env of the user's own: no render(), no render_mode argument, ...
+        raise ConfigError(f"eval.video=true cannot render env.name={name!r} (render_mode='rgb_array': "
+                          f"{type(exc).__name__}: {_first_line(exc)}); allowed: eval.video=false, or an env whose "
+                          "render() returns RGB frames") from None
+    if not (hasattr(frame, "shape") and len(frame.shape) == 3 and frame.shape[-1] == 3):
+        raise ConfigError(f"eval.video=true cannot render env.name={name!r}: its render() with "
+                          f"render_mode='rgb_array' returned {type(frame).__name__}, not an RGB frame; allowed: "
+                          "eval.video=false, or an env whose render() returns [H, W, 3] frames")
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,17 +169,17 @@ def _observation_space(name: str):
         env.close()
 
 
-def _gym_base(name: str, *, render: bool, from_pixels: bool, image_size: int):
+def _gym_base(name: str, *, render: bool, from_pixels: bool, image_size: int, fault_report: Path | None):
     """One Gymnasium env; with pixels, rendered at ``image_size`` directly (MuJoCo envs take the renderer's
     width/height through ``gym.make``; no resize, torchvision is absent) under the key ``"pixels"``."""
     import gymnasium
-    from torchrl.envs import GymEnv, GymWrapper
+    from torchrl.envs import GymWrapper
 
     if not (render or from_pixels):
-        return GymEnv(name)
+        return GymWrapper(make_gym(name, fault_report))
     kwargs = {"width": image_size, "height": image_size} if from_pixels else {}
     try:
-        env = gymnasium.make(name, render_mode="rgb_array", disable_env_checker=True, **kwargs)
+        env = make_gym(name, fault_report, render_mode="rgb_array", disable_env_checker=True, **kwargs)
     except TypeError as err:
         raise ConfigError(f"env.name={name!r} with env.from_pixels=true is not allowed ({err}); allowed: a MuJoCo "
                           "Gymnasium id (HalfCheetah-v5, Hopper-v5, ...) or a dm_control task") from None
@@ -144,7 +193,8 @@ def _gym_base(name: str, *, render: bool, from_pixels: bool, image_size: int):
 
 
 def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = False,
-             atari: AtariSettings | None = None, train: bool = True, from_pixels: bool = False, image_size: int = 64):
+             atari: AtariSettings | None = None, train: bool = True, from_pixels: bool = False, image_size: int = 64,
+             fault_report: Path | None = None):
     """A torchrl env for a Gymnasium/MuJoCo id, an own env (``module:EnvId``, its module imported first), a
     dm_control task or an ALE game, with the episode return in ``("next", "episode_reward")``.
 
@@ -153,15 +203,16 @@ def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = Fals
     ``from_pixels=True`` (Gymnasium MuJoCo ids and dm_control tasks; scale by 1/255 in the network, e.g.
     :class:`shared.models.PixelEncoder`); uint8 ``[C, H, W]`` stacks for ALE games.
 
-    Gymnasium ids go through ``GymEnv`` (``num_envs > 1`` batches them as one vector env, batch ``[num_envs]``;
-    with pixels, a ``SerialEnv``). dm_control tasks (``dmc:<domain>-<task>``) go through ``DMControlEnv``
-    (``num_envs > 1``: a ``SerialEnv``). ALE games go through ``AtariVectorEnv`` wrapped by torchrl's ``GymWrapper``
-    (the whole Atari preprocessing in C++); with ``train=False`` reward clipping and episodic life are off, so
-    returns are real game scores. ``render=True`` (Gymnasium and dm_control, single env) makes
-    ``render_frame(env)`` return RGB frames for videos.
+    Gymnasium ids are made by ``gymnasium.make`` inside shared/env_guard.py's guard (a failure of the env is an
+    ``EnvFault``; with ``fault_report``, a directory, also written there for a caller in another process) and wrapped
+    by ``GymWrapper``; dm_control tasks (``dmc:<domain>-<task>``) go through ``DMControlEnv``; ``num_envs > 1``: a
+    ``SerialEnv`` of either. ALE games go through ``AtariVectorEnv`` wrapped by torchrl's ``GymWrapper`` (the whole
+    Atari preprocessing in C++); with ``train=False`` reward clipping and episodic life are off, so returns are real
+    game scores. ``render=True`` (Gymnasium and dm_control, single env) makes ``render_frame(env)`` return RGB frames
+    for videos.
     """
-    from torchrl.envs import (CatTensors, Compose, DoubleToFloat, GymEnv, GymWrapper, PermuteTransform,
-                              RenameTransform, RewardSum, SerialEnv, TransformedEnv)
+    from torchrl.envs import (CatTensors, Compose, DoubleToFloat, GymWrapper, PermuteTransform, RenameTransform,
+                              RewardSum, SerialEnv, TransformedEnv)
 
     kind = env_kind(name)
     if kind == "atari":
@@ -182,13 +233,9 @@ def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = Fals
     if from_pixels or render or kind == "dmc":
         headless_gl()
     options = {"render": render, "from_pixels": from_pixels, "image_size": image_size}
-    single = functools.partial(dmc_base if kind == "dmc" else _gym_base, name, **options)
-    if num_envs == 1:
-        base = single()
-    elif kind == "dmc" or from_pixels:
-        base = SerialEnv(num_envs, single)
-    else:  # one Gymnasium vector env
-        base = GymEnv(name, num_envs=num_envs, **({"render_mode": "rgb_array"} if render else {}))
+    single = functools.partial(dmc_base, name, **options) if kind == "dmc" else functools.partial(
+        _gym_base, name, **options, fault_report=fault_report)
+    base = single() if num_envs == 1 else SerialEnv(num_envs, single)
     transforms = []
     if from_pixels:  # [H, W, 3] uint8 "pixels" -> [3, H, W] uint8 "observation" (kept uint8 for the replay buffer)
         transforms += [RenameTransform(["pixels"], ["observation"]),

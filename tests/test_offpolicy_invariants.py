@@ -1,22 +1,30 @@
-"""Each invariant is broken on purpose in an otherwise normal smoke run: the run must stop with a clear error and
-a checkpoint. Runs in-process (DQN on CartPole, the fastest algorithm) so the parts can be patched."""
+"""Each invariant is broken on purpose in an otherwise normal smoke run: the run must stop with a clear error, its
+state at the break in broken.pt and last.pt left at the last whole round. Runs in-process (DQN on CartPole, the fastest algorithm) so the parts can be patched."""
 from __future__ import annotations
 
 import pytest
+import torch
 from offpolicy_helpers import train_inprocess
 
 from offpolicy import train
 from offpolicy.builder import Builder
 from offpolicy.collect.statistics import Rollout
 from offpolicy.invariants import InvariantError, check_finite
+from offpolicy.run import Run
+from shared.config import run_cli
 
 ARGS = ("algo=dqn", "profile=smoke", "eval.interval_env_steps=0", "eval.final_episodes=0")
 
 
 def _run(tmp_path, *extra):
+    """The run's summary; a broken one kept its state at the break in broken.pt, never in last.pt (no periodic
+    checkpoint in these short runs, so none)."""
     s = train_inprocess(*ARGS, *extra, f"run_dir={tmp_path}")
-    assert (tmp_path / "checkpoints" / "last.pt").exists()
     assert (tmp_path / "summary.json").exists()
+    broken = s["status"] == "invariant_broken"
+    assert (tmp_path / "checkpoints" / "last.pt").exists() is not broken
+    assert (tmp_path / "checkpoints" / "broken.pt").exists() is broken
+    assert s["broken_state"] == (str(tmp_path / "checkpoints" / "broken.pt") if broken else None)
     return s
 
 
@@ -111,8 +119,51 @@ def test_cli_exit_code_on_broken_invariant(tmp_path, monkeypatch, capsys):
     _patch_buffer(monkeypatch, "extend", lambda extend: lambda data, *a, **k: extend(data[:-1], *a, **k))
     assert train.main([*ARGS, f"run_dir={tmp_path}"]) == train.EXIT_INVARIANT
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: invariant broken: replay received 99")
-    assert "checkpoint saved to" in err[-1]
+    assert err[-1] == (f"error: invariant broken: replay received 99 transitions but 100 were collected; the state at "
+                       f"the break: {tmp_path / 'checkpoints' / 'broken.pt'} (for inspection, not resumable); latest "
+                       "checkpoint: None")
+
+
+def test_a_broken_round_is_never_saved_as_the_checkpoint_that_resumes(tmp_path, monkeypatch, capsys):
+    """NaN rewards from the third round on (the learner has stepped on them): last.pt stays the checkpoint of the
+    last whole round (written every round here), which resumes to completion once the fault is gone; broken.pt holds
+    the state at the break, and resuming it is one error line. (Before, the broken learner went into last.pt: 24 of
+    31 tensors NaN, learner steps ahead of the counters, and it did not resume.)"""
+    from torchrl.envs import Transform
+
+    class NanFromRound3(Transform):
+        def __init__(self):
+            super().__init__(in_keys=["reward"], out_keys=["reward"])
+            self.steps = 0
+
+        def _apply_transform(self, reward):
+            self.steps += 1
+            return reward * float("nan") if self.steps > 200 else reward
+
+    real = Builder.train_env
+
+    def make(builder, obs_norm=None, **kwargs):
+        env = real(builder, obs_norm, **kwargs)
+        env.append_transform(NanFromRound3())
+        return env
+
+    monkeypatch.setattr(Builder, "train_env", make)
+    monkeypatch.setattr(Run, "checkpoint_if_due", Run.save_checkpoint)  # a periodic checkpoint after every round
+    s = train_inprocess(*ARGS, "collector.lean=false", "total_env_steps=400", f"run_dir={tmp_path}")
+    assert s["status"] == "invariant_broken" and "non-finite metrics" in s["error"] and s["batches"] == 2
+    assert s["checkpoint"] == str(tmp_path / "checkpoints" / "last.pt")
+    kept = torch.load(s["checkpoint"], weights_only=True)
+    assert kept["counters"]["batches"] == 2 and kept["learner"]["steps"] == kept["counters"]["optim_steps"] == 50
+    assert all(torch.isfinite(v).all() for v in kept["learner"]["loss"].values() if v.is_floating_point())
+    monkeypatch.undo()
+    resumed = train_inprocess(f"resume={s['checkpoint']}", f"run_dir={tmp_path / 'resumed'}")
+    # two more rounds: the replay (not in the checkpoint) refills the 200-step prefill, then one round of 50 steps
+    assert resumed["status"] == "completed" and resumed["env_steps"] == 400 and resumed["optim_steps"] == 100
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(train.main, [f"resume={tmp_path / 'checkpoints' / 'broken.pt'}"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.startswith(f"error: resume='{tmp_path / 'checkpoints' / 'broken.pt'}' is "
+                                                    "the state at a broken invariant (non-finite metrics")
 
 
 # --- the per-round invariants on reports, as every engine makes them (here: two Ray collectors' rollouts) ------------

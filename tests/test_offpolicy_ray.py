@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 from offpolicy_helpers import run_cli, summary
-from proc import start_module
+from proc import ray_processes, start_module, wait_no_ray
 
 from offpolicy.builder import Builder
 from offpolicy.collect.statistics import Rollout
@@ -24,39 +24,6 @@ from offpolicy.invariants import InvariantError
 from shared.checkpoint import load_checkpoint
 from shared.config import ConfigError
 from shared.logging import read_scalars
-
-RAY_PROCESS_NAMES = ("raylet", "gcs_server")
-
-
-def _in_this_session(process: psutil.Process) -> bool:
-    """Whether a Ray process belongs to a cluster of this test session: its command line (raylet, gcs_server) or the
-    log files it holds open (every Ray process, the Python ones rename themselves) lie under the session's
-    ``RAY_TMPDIR`` (tests/conftest.py). Another Ray job on the machine is not ours to judge."""
-    root = os.environ["RAY_TMPDIR"]
-    try:
-        return (any(root in part for part in process.cmdline())
-                or any(f.path.startswith(root) for f in process.open_files()))
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def ray_processes() -> list[str]:
-    """Names of this test session's Ray processes still running (a finished run must leave none)."""
-    names = []
-    for p in psutil.process_iter(["name", "status"]):
-        name = p.info["name"] or ""
-        if (p.info["status"] != psutil.STATUS_ZOMBIE and (name in RAY_PROCESS_NAMES or name.startswith("ray::"))
-                and _in_this_session(p)):
-            names.append(name)
-    return names
-
-
-def wait_no_ray(timeout: float = 15.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while ray_processes() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return ray_processes()
-
 
 def test_ray_smoke_sac(tmp_path):
     """profile=ray_smoke: 2 collector actors, 2 Gloo learner ranks, 5 rounds of 400 transitions (2 of prefill), with

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from tensordict import TensorDict
 
 from offpolicy.algos.base import ActsOnTensors, DrawsAhead
+from shared.env_guard import make_gym
 
 
 def lean_collection(cfg: DictConfig) -> bool:
@@ -57,7 +58,6 @@ class LeanCollector:
     """
 
     def __init__(self, cfg: DictConfig, spec_env, policy, seed: int, obs_norm: dict | None, env_steps_per_batch: int):
-        import gymnasium as gym
         from torchrl.data import OneHot
 
         n = cfg.env.num_envs
@@ -68,7 +68,7 @@ class LeanCollector:
         self.steps = env_steps_per_batch // n
         # the copies stepped in a loop here, not by Gymnasium's SyncVectorEnv: its step costs ~20 µs more per call
         # (info dicts merged, observations copied), a quarter of a CartPole collection step
-        self.envs = [gym.make(cfg.env.name) for _ in range(n)]
+        self.envs = [make_gym(cfg.env.name) for _ in range(n)]  # a failure of the env is an EnvFault
         self.observation = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)]
                                     ).astype(np.float32)  # torchrl's DoubleToFloat
         self.norm = (obs_norm["loc"], obs_norm["scale"]) if obs_norm is not None else None

@@ -29,6 +29,8 @@ import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDict
 
+from shared.env_guard import EnvFault
+
 POLL_S = 1.0  # how often a wait for a batch checks that the child is alive
 
 
@@ -66,6 +68,8 @@ def _collect(cfg: dict, policy, slot: TensorDict, seed: int, obs_norm: dict | No
             collector.policy_version_tracker.version = version
             batches.put(next(rounds))
         collector.shutdown()
+    except EnvFault as fault:  # the user's env failed: the parent ends the run with it as it is
+        batches.put(fault)
     except Exception:  # noqa: BLE001 - any failure is reported to the parent, which ends the run with it
         batches.put(traceback.format_exc())
 
@@ -131,6 +135,9 @@ class BackgroundCollector:
                 if not self.process.is_alive():
                     raise self._died() from None
                 raise
+            if isinstance(item, EnvFault):
+                self.in_flight = False
+                raise item
             if isinstance(item, str):
                 raise CollectorLost(f"the background collector failed: {item.strip().splitlines()[-1]}")
             self.in_flight = False

@@ -27,6 +27,21 @@ def for_replay(rollout):
     return batch
 
 
+def next_batch(batches, env):
+    """The next batch of the collector iterator ``batches`` over the training env ``env``, as replay stores it
+    (:func:`for_replay`); when collection fails because an env worker process exited (``env.vector=process``), the
+    EnvFault that worker reported instead of torchrl's error, which names only the worker."""
+    from offpolicy.envs import reported_env_fault
+
+    try:
+        return for_replay(next(batches))
+    except Exception as exc:
+        fault = reported_env_fault(env)
+        if fault is None:
+            raise
+        raise fault from exc
+
+
 @dataclass
 class Rollout:
     """What one round of collection brought: counts, finished episodes, the policy versions it was collected with

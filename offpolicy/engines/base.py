@@ -44,6 +44,11 @@ class Engine(ABC):
         """Env copies the training process builds as torchrl envs (the others step copies of their own)."""
 
     @staticmethod
+    def spawned_children(cfg: DictConfig) -> str | None:
+        """The setting that makes this process spawn children (which import ``__main__`` again), None: none."""
+        return None
+
+    @staticmethod
     def describe_failure(exc: BaseException) -> str | None:
         """One line for a failure of this engine's parts that ends the run (exit 4); None: not one (re-raised)."""
         return None

@@ -8,10 +8,10 @@ from omegaconf import DictConfig
 
 from offpolicy.algos import AlgoParts
 from offpolicy.collect.overlap import BackgroundCollector, CollectorLost
-from offpolicy.collect.statistics import Rollout, RolloutStats, for_replay
+from offpolicy.collect.statistics import Rollout, RolloutStats, next_batch
 from offpolicy.engines import learner_threads
 from offpolicy.engines.base import Engine
-from offpolicy.envs import obs_norm_state
+from offpolicy.envs import obs_norm_state, reported_env_fault
 from offpolicy.replay import ReplayJournal, journal_dir, replay_scratch_dir, replay_state, restore_replay
 from shared import compat
 from shared.config import ConfigError
@@ -34,6 +34,15 @@ class LocalEngine(Engine):
             raise ConfigError("collector.overlap=true is not allowed here; allowed: with the lean collector "
                               "(collector.lean=true and a Gymnasium state-vector env stepped in this process) or an "
                               "ALE game")
+
+    @staticmethod
+    def spawned_children(cfg: DictConfig) -> str | None:
+        if cfg.collector.overlap:
+            return "collector.overlap=true"
+        if (cfg.env.vector == "process" and cfg.env.num_envs > 1 and cfg.env.backend == "gymnasium"
+                and cfg.env.kind != "atari"):  # a ParallelEnv (offpolicy/envs.py)
+            return "env.vector=process"
+        return None
 
     @staticmethod
     def describe_failure(exc: BaseException) -> str | None:
@@ -67,7 +76,7 @@ class LocalEngine(Engine):
         return "collection in a child process one batch ahead (collector.overlap); " if self.policy_lag else ""
 
     def collect(self) -> Rollout:
-        batch = for_replay(next(self._batches))
+        batch = next_batch(self._batches, self.env)
         if self.journal is not None:
             self.journal.before_write(self.replay, batch.numel())
         self.replay.extend(batch)
@@ -106,4 +115,8 @@ class LocalEngine(Engine):
 
     def close(self) -> None:
         self.collector.shutdown()
-        self.env.close()  # the lean collector closed it too (a second close does nothing); the background one not
+        try:
+            self.env.close(raise_if_closed=False)  # the collector may have closed it (the torchrl Collector does)
+        except RuntimeError:
+            if reported_env_fault(self.env) is None:  # torchrl refuses to close a ParallelEnv whose worker exited
+                raise

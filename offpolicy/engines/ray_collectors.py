@@ -28,7 +28,7 @@ from torchrl.data import TensorDictReplayBuffer
 
 from offpolicy.builder import Builder
 from offpolicy.collect.lean import torchrl_env_copies
-from offpolicy.collect.statistics import Rollout, RolloutStats, for_replay
+from offpolicy.collect.statistics import Rollout, RolloutStats, next_batch
 from offpolicy.envs import collector_seed
 
 
@@ -70,7 +70,7 @@ class CollectorActor:
         device = torch.device("cuda") if cfg.ray.collector_gpus else None  # then torchrl's Collector (lean: CPU)
         self.policy = policy.to(device) if device is not None else policy
         share = cfg.collector.env_steps_per_batch // cfg.ray.num_collectors
-        env = builder.train_env(obs_norm, seed=first_seed, num_envs=torchrl_env_copies(cfg))
+        self.env = env = builder.train_env(obs_norm, seed=first_seed, num_envs=torchrl_env_copies(cfg))
         self.collector = builder.collector(env, self.policy, first_seed, env_steps_per_batch=share,
                                            policy_device=device)
         self.replay, self.slot = replay, slot
@@ -80,7 +80,7 @@ class CollectorActor:
     def collect(self, round_index: int) -> None:
         """One batch into replay as this actor's share of round ``round_index`` (what :meth:`LocalEngine.collect`
         does in the training process)."""
-        batch = for_replay(next(self.batches))
+        batch = next_batch(self.batches, self.env)
         if self.replay.write_share(batch, self.slot, round_index):  # refused: the pool replaced this actor already
             self.stats(batch)
 
@@ -223,7 +223,7 @@ class CollectorPool:
         import ray
         import ray.exceptions
 
-        results, dead = [], []
+        results, dead, failure = [], [], None
         deadline = time.monotonic() + self.timeout
         for i, ref in enumerate(refs):
             try:
@@ -231,6 +231,11 @@ class CollectorPool:
             except ray.exceptions.RayActorError as exc:
                 results.append(exc)
                 dead.append(i)
+            except ray.exceptions.RayTaskError as exc:  # raised in a live actor (an env fault): ends the run, once
+                results.append(exc)  # every result is read (Ray prints the ones never read as unhandled errors)
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         return results, dead
 
     def _kill(self, actor) -> None:
