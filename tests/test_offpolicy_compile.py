@@ -38,7 +38,9 @@ def _learned(parts, names=None) -> dict[str, torch.Tensor]:
 
 # settings under which an algorithm's comparison covers more of the step (clipping, hard or soft targets)
 MORE_OF_THE_STEP = {"dqn": ["optim.max_grad_norm=0.5", "target.mode=hard", "target.hard_every=2"],
-                    "ddpg": ["optim.critic_max_grad_norm=0.5", "target.tau=0.1"]}
+                    "ddpg": ["optim.critic_max_grad_norm=0.5", "target.tau=0.1"],
+                    # the 8 steps go past twice the renormalisation warm-up (where torchrl's counter bug showed)
+                    "crossq": ["crossq.renorm_warmup_steps=2"]}
 # what a compiled learner is compared with: the eager one, except where eager and compiled are known to drift apart.
 # CrossQ: biases feeding a train-mode BatchRenorm get rounding-noise gradients that Adam turns into +-lr steps (~2e-3
 # apart after 20 steps, shared/DESIGN.md "Facts found 2026-12-04"), so it is held to the fully guarded compiled step
@@ -71,6 +73,27 @@ def test_compiled_learner_makes_the_reference_update_without_recompiling(algo):
     if compiled.target_updater is not None:
         assert compiled.target_updater.updates == reference.target_updater.updates > 0
     assert out_compiled["compile/recompiles"] == 0
+    if algo == "crossq":  # and against the eager step: the renormalisation's counters and running statistics
+        with compat.compiled_random_as_eager():
+            eager, eager_parts, _ = _learner(algo, *overrides)
+            torch.manual_seed(1)
+            eager.update(replay, steps, version=1)
+        renorm = {k: v for k, v in _learned(eager_parts, initial).items() if "running" in k}
+        # clamped at the warm-up before each forward, which counts one more: 3 (torchrl's own: one per forward)
+        counters = {k: b for k, b in compiled_parts.loss.named_buffers() if k.endswith("num_batches_tracked")}
+        assert renorm and counters and all(torch.equal(b, torch.full_like(b, 3)) for b in counters.values())
+        assert all(torch.equal(b, counters[k]) for k, b in eager_parts.loss.named_buffers() if k in counters)
+        torch.testing.assert_close({k: learned[k] for k in renorm}, renorm, rtol=1e-3, atol=1e-3)
+
+
+def test_a_fully_guarded_compiled_step_does_not_recompile_either():
+    """With every guard kept (compile.skip_guards=false) SAC's Q-ensemble loss compiles once: tensordict's pytree
+    edits around the ensemble's loop (which change a guarded dict's version on every call) stay out of the compiled
+    step (networks.before_losses). The default guard filter would hide their return: without it SAC recompiled on
+    every step, and this test fails."""
+    learner, _, replay = _learner("sac", "compile.enabled=true", "compile.skip_guards=false")
+    out = learner.update(replay, learner.warmup_steps + 3, version=1)
+    assert out["compile/recompiles"] == 0
 
 
 def test_only_the_learner_s_own_recompilations_are_counted():

@@ -12,6 +12,7 @@ import torch
 from offpolicy_helpers import run_cli, summary, train_inprocess, window_length
 from tensordict import TensorDict
 
+from offpolicy.algos import ALGOS, algorithm
 from offpolicy.builder import Builder
 from offpolicy.collect.statistics import for_replay
 from offpolicy.config import compose_config
@@ -88,15 +89,14 @@ def test_value_target_discounts_the_bootstrap_by_gamma_to_the_k():
     assert torch.allclose(target.flatten(), torch.tensor([1 + 9.0, 2 + 8.1, 3 + 7.29, 4.0]))
 
 
-@pytest.mark.parametrize("algo,env_name", [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1"), ("td3", "Pendulum-v1"),
-                                            ("ddpg", "Pendulum-v1")])
-def test_every_algorithm_trains_on_n_step_transitions(algo, env_name, tmp_path):
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algorithm_trains_on_n_step_transitions(algo, tmp_path):
     """The replay writes 3-step transitions for every algorithm: the sampled windows are 3 long but where an episode
     or a batch ended (CartPole episodes end often, Pendulum's only at its 200-step limit)."""
     from shared.logging import read_scalars
 
-    result = train_inprocess(f"algo={algo}", f"env={env_name}", "profile=smoke", "loss.n_steps=3",
-                             f"run_dir={tmp_path}")
+    result = train_inprocess(f"algo={algo}", f"env={algorithm(algo).smoke_env}", "profile=smoke", "loss.n_steps=3",
+                             *(["optim.utd_ratio=1"] if algo == "redq" else []), f"run_dir={tmp_path}")
     assert result["status"] == "completed" and result["optim_steps"] > 0
     _, windows = read_scalars(tmp_path, "replay/steps_to_next_obs")
     assert windows and all(1 < k <= 3 for k in windows), windows

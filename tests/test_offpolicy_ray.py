@@ -381,14 +381,15 @@ class _FakeCollector:
     ``replay`` (a :class:`ShareReplayBuffer`) and dies where ``death`` says: "start-up" (setting its version),
     "before-write", "after-write", "late-write" (its write still on its way when its death is seen: it lands in
     replay when its replacement collects, after the pool has decided about the share) or "drain" (before its
-    statistics are read). Its statistics are one episode whose return is its slot. ``actor.method.remote(*args)``
+    statistics are read) or "publish" (in a weight publication). Its statistics are one episode whose return is its
+    slot. ``actor.method.remote(*args)``
     returns the call, run when the pool gathers it."""
 
     def __init__(self, slot, replay, share, death, pending):
         self.slot, self.replay, self.share, self.death, self.pending = slot, replay, share, death, pending
         self.collected = 0
         self.version = None
-        for name in ("collect", "drain", "set_version"):
+        for name in ("collect", "drain", "set_version", "publish", "policy_version"):
             setattr(self, name, SimpleNamespace(remote=lambda *args, name=name: lambda: self._call(name, *args)))
 
     def _call(self, name, *args):
@@ -425,6 +426,15 @@ class _FakeCollector:
         if self.death == "start-up":
             raise _Died
         self.version = version
+
+    def _publish(self, weights):
+        if self.death == "publish":
+            raise _Died
+        self.version += 1
+        return self.version
+
+    def _policy_version(self):
+        return self.version
 
 
 def _fake_pool(deaths: dict[int, str]):
@@ -499,3 +509,21 @@ def test_a_collector_dying_before_its_write_in_a_later_round_is_collected_again(
     rollout = pool.round()
     assert replay.write_count == 800 and rollout.env_steps == 400 and sorted(rollout.returns) == [0.0, 3.0]
     assert pool.restarts == 1 and pool.slots == [0, 3]
+
+
+def test_a_collector_dying_in_a_publication_is_replaced_at_the_published_version(monkeypatch):
+    """An actor that dies while weights are published: its replacement starts with the driver's policy at the new
+    version and does not publish again, so every actor holds exactly one version more, and the next round carries it.
+    (A replacement that also answered the publication would hold one version too many; the lowest version, which is
+    all the publication returns, hid it.)"""
+    import ray
+
+    monkeypatch.setattr(ray, "put", lambda weights: weights)  # no object store: the fakes take the weights as they are
+    pool, replay = _fake_pool({0: "publish"})
+    for actor in pool.actors:
+        actor.version = 5
+    assert pool.publish(weights=None) == 6
+    assert pool.restarts == 1 and pool.slots == [2, 1]
+    assert pool.call("policy_version") == [6, 6]
+    rollout = pool.round()
+    assert (rollout.version_lo, rollout.version_hi) == (6, 6) and replay.write_count == rollout.env_steps == 400
