@@ -76,6 +76,13 @@ class Checkpoint:
         }
         return save_checkpoint(path, state)
 
+    def eval_env(self, *, render: bool = False):
+        """The run's evaluation env (one copy, its own seed stream), observations standardised with the checkpoint's
+        statistics as in training (``Builder(cfg).eval_env()`` without ``obs_norm=`` would leave them raw)."""
+        from offpolicy.builder import Builder
+
+        return Builder(OmegaConf.create(self.config)).eval_env(render=render, obs_norm=self.obs_norm)
+
     def eval_policy(self, specs):
         """The run's deterministic evaluation policy (the loss's actor, the greedy Q network for DQN) with the
         checkpoint's weights, for an env with ``specs`` (its evaluation env); observations as that env gives them

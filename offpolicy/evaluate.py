@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
         if cfg.env.kind == "gymnasium":
             check_renders(cfg.env.name)  # one error line, before any episode
     torch.set_num_threads(learner_threads(cfg))
-    env = Builder(cfg).eval_env(render=args.video, obs_norm=checkpoint.obs_norm)
+    env = Builder(cfg).eval_env(render=args.video, obs_norm=checkpoint.obs_norm)  # cfg: with the seed given here
     try:
         returns, lengths, frames = play_episodes(env, checkpoint.eval_policy(env), args.episodes, eval_max_steps(cfg),
                                                  render=args.video)

@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -143,6 +144,21 @@ def test_python_example_runs(tmp_path, monkeypatch, capsys):
         assert summary["eval_return_last"] == ast.literal_eval(eval_return)
     assert namespace["summary"] == json.loads((tmp_path / "runs" / "sac-lr0.0003" / "summary.json").read_text())
     assert printed[-1].startswith("error: unknown key 'optim.lrr'; did you mean optim.lr")
+
+
+def test_the_evaluate_from_python_example_runs(tmp_path, monkeypatch, capsys):
+    """"Evaluate a checkpoint from Python": the code runs as it is; its env standardises observations with the
+    checkpoint's statistics (what ``Builder(cfg).eval_env()`` alone would drop), and it played two whole episodes."""
+    from torchrl.envs import ObservationNorm
+
+    [(language, code)] = doc_blocks(USAGE, "Evaluate a checkpoint from Python")
+    assert language == "python"
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(code, "docs/usage.md", "exec"), namespace)
+    [norm] = [t for t in namespace["env"].transform if isinstance(t, ObservationNorm)]
+    assert torch.equal(norm.loc, namespace["checkpoint"].obs_norm["loc"])
+    assert capsys.readouterr().out.splitlines()[-1].endswith("[200, 200]")
 
 
 def test_the_export_section_s_examples_run(tmp_path, monkeypatch):
