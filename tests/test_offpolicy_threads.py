@@ -44,12 +44,20 @@ def test_a_number_stays_a_number():
 
 
 @pytest.mark.parametrize("value", ["0", "many", "2.5", "true"])
-def test_a_bad_threads_value_is_one_error_line(value):
-    proc = run_cli("algo=td3", f"threads={value}")
-    assert proc.returncode == 2
+def test_a_bad_threads_value_is_one_error_line(value, capsys):
+    """The entry point in this process (its exit code and stderr as a shell sees them; one value also as a
+    subprocess, as a user runs it)."""
+    from offpolicy.train import main
+    from shared.config import run_cli as run_entry_point
+
     shown = {"0": "0", "many": "'many'", "2.5": "2.5", "true": "True"}[value]
-    assert proc.stderr.strip().splitlines() == [
-        f"error: threads={shown} is out of range; allowed: auto or an integer >= 1"]
+    expected = [f"error: threads={shown} is out of range; allowed: auto or an integer >= 1"]
+    with pytest.raises(SystemExit) as exit_:
+        run_entry_point(main, ["algo=td3", f"threads={value}"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines() == expected
+    if value == "many":
+        proc = run_cli("algo=td3", f"threads={value}")
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == expected
 
 
 def test_a_run_learns_on_the_threads_auto_gives_and_says_so(monkeypatch, tmp_path, capsys):
