@@ -4,6 +4,9 @@ local engine builds them (offpolicy/engines/local.py), with one torch thread:
 
     raw_env        the Gymnasium env itself: N ``gymnasium.make`` copies stepped in a loop with presampled random
                    actions (reset when an episode ends): what no wrapper can go below
+    guarded_env    the same copies made by ``make_gym``, inside the fault guard every collector steps
+                   (shared/env_guard.py: exceptions and non-finite observations or rewards become an EnvFault)
+    guard          guarded_env - raw_env: what the guard costs per env step
     torchrl_env    the training env (make_train_env: a GymEnv, or a SerialEnv of N; DoubleToFloat, RewardSum,
                    StepCounter, InitTracker) stepped alone: a presampled random action set into the TensorDict, then
                    ``step_and_maybe_reset`` (step, step_mdp, resets)
@@ -20,8 +23,8 @@ local engine builds them (offpolicy/engines/local.py), with one torch thread:
     lean_collector one batch of the engine's lean collector (offpolicy/collect/lean.py, the default where it applies:
                    the Gymnasium copies stepped in a loop with numpy, the policy's plain-tensor ``act`` where it
                    has one, one TensorDict per batch) over its env steps
-    lean_overhead  lean_collector - raw_env - (tensor_policy, else policy): what is neither the simulator nor the
-                   policy
+    lean_overhead  lean_collector - guarded_env - (tensor_policy, else policy): what is neither the (guarded)
+                   simulator nor the policy
     lean_raw_env_fraction  raw_env / lean_collector
     lean_speedup   collector / lean_collector
     replay_extend  ``for_replay`` + ``replay.extend`` of a collected batch
@@ -56,6 +59,7 @@ from offpolicy.collect.statistics import RolloutStats, for_replay  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
 from offpolicy.envs import make_train_env  # noqa: E402
 from offpolicy.replay import make_replay_buffer  # noqa: E402
+from shared.env_guard import make_gym  # noqa: E402
 
 CASES = {"dqn": "CartPole-v1", "sac": "HalfCheetah-v5"}
 BATCH = 1024  # collector.env_steps_per_batch: a multiple of every num_envs
@@ -75,9 +79,9 @@ def _us_per_step(fn, steps: int, repeats: int = 5, min_s: float = 0.1) -> float:
     return statistics.median(per_call) / steps * 1e6
 
 
-def _raw_env(name: str, n: int):
-    """One call steps N plain Gymnasium copies once each."""
-    envs = [gymnasium.make(name) for _ in range(n)]
+def _raw_env(name: str, n: int, make=gymnasium.make):
+    """One call steps N Gymnasium copies made by ``make`` once each."""
+    envs = [make(name) for _ in range(n)]
     for i, env in enumerate(envs):
         env.reset(seed=i)
         env.action_space.seed(i)
@@ -114,6 +118,8 @@ def measure(algo: str, n: int) -> dict[str, float]:
     if parts.exploration is not None:  # epsilon at its end value, as for most of a run (at 1 every step explores)
         anneal(parts.exploration, 10**12)
     out = {"raw_env": _us_per_step(_raw_env(CASES[algo], n), n)}
+    out["guarded_env"] = _us_per_step(_raw_env(CASES[algo], n, make=make_gym), n)
+    out["guard"] = out["guarded_env"] - out["raw_env"]
 
     td = env.reset()
     actions = [env.action_spec.rand() for _ in range(64)]
@@ -148,7 +154,7 @@ def measure(algo: str, n: int) -> dict[str, float]:
     lean = Builder(lean_cfg).collector(make_train_env(lean_cfg), parts.collect_policy)
     out["lean_collector"], _ = _per_batch(lean)
     lean.shutdown()
-    out["lean_overhead"] = out["lean_collector"] - out["raw_env"] - out.get("tensor_policy", out["policy"])
+    out["lean_overhead"] = out["lean_collector"] - out["guarded_env"] - out.get("tensor_policy", out["policy"])
     out["lean_raw_env_fraction"] = out["raw_env"] / out["lean_collector"]
     out["lean_speedup"] = out["collector"] / out["lean_collector"]
 

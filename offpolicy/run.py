@@ -181,11 +181,14 @@ class Run:
     def save_broken_state(self, error: str) -> None:
         """The state at a broken invariant goes to ``checkpoints/broken.pt``, for inspection (marked: a resume refuses
         it); ``last.pt`` keeps the last whole round's checkpoint, if one was written, so every ``last.pt`` resumes."""
-        self.broken_state = Checkpoint.write(self.checkpoint_path.with_name("broken.pt"), self.cfg,
-                                             counters=self.progress.state_dict(), engine=self.engine,
-                                             exploration=self.parts.exploration, obs_norm=self.obs_norm,
-                                             broken=error)
         self.checkpoint_saved = self.checkpoint_path if self.checkpoint_path.exists() else None
+        try:
+            self.broken_state = Checkpoint.write(self.checkpoint_path.with_name("broken.pt"), self.cfg,
+                                                 counters=self.progress.state_dict(), engine=self.engine,
+                                                 exploration=self.parts.exploration, obs_norm=self.obs_norm,
+                                                 broken=error)
+        except InvariantError as exc:  # Ray ranks that diverged have no one learner state to keep
+            print(f"warning: the state at the break is not kept ({exc})", file=sys.stderr)
 
     def until_stopped(self, loop: Callable[["Run"], None]) -> tuple[str, str | None]:
         """Run ``loop(self)`` with Ctrl-C / SIGTERM turned into a stop after the current round, a second one into a

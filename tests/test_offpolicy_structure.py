@@ -108,9 +108,10 @@ def test_no_module_imports_itself_through_others():
 
 
 def test_the_config_reaches_few_modules_from_train():
-    """``cfg`` travels from ``offpolicy.train.train`` through at most 25 calls in at most 12 modules, entering a module
+    """``cfg`` travels from ``offpolicy.train.train`` through at most 26 calls in at most 12 modules, entering a module
     it already reached at most 8 times (issue 39; 22 calls, 5 re-entries when the run came to own its services; 38
-    calls in 13 modules before the builder, checkpoint and run modules), traced in a real DQN smoke run."""
+    calls in 13 modules before the builder, checkpoint and run modules; one more since the run asks its engine whether
+    it spawns children, for the ``__main__`` guard), traced in a real DQN smoke run."""
     import json
     import subprocess
     import sys
@@ -119,7 +120,7 @@ def test_the_config_reaches_few_modules_from_train():
                          capture_output=True, text=True, timeout=300, check=True)
     figures = json.loads(out.stdout.strip().splitlines()[0])
     assert figures["run"] == "dqn-cartpole"
-    assert 0 < figures["calls"] <= 25 and 0 < figures["modules"] <= 12 and figures["reentries"] <= 8, figures
+    assert 0 < figures["calls"] <= 26 and 0 < figures["modules"] <= 12 and figures["reentries"] <= 8, figures
     assert "offpolicy/builder.py" in figures["module_list"]  # the tracer saw the parts being built
 
 
@@ -159,7 +160,7 @@ def test_a_run_looks_its_engine_up_once(tmp_path, monkeypatch):
         class Recorded(cls):
             def __init__(self, builder, env, *args):
                 original = env.close
-                env.close = lambda: (closed.append(True), original())[1]
+                env.close = lambda **kwargs: (closed.append(True), original(**kwargs))[1]
                 super().__init__(builder, env, *args)
         return Recorded
 
