@@ -241,7 +241,7 @@ def _fmt(value, ci=None) -> str:
                    f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
 
-def describe(record: dict) -> str:
+def group_line(record: dict) -> str:
     """One group's line: runs, mean and IQM at the budget with their intervals, final mean, the published value."""
     at = record["budget_env_steps"]
     line = (f"{record['algo']:>7} {record['env']:<16} runs {record['runs']} (at budget {record['runs_at_budget']}) "
@@ -300,7 +300,7 @@ def main(argv: list[str]) -> int:
     for record in records:
         members = [r for r in runs if (r.algo, r.env) == (record["algo"], record["env"])]
         record["plot"] = str(plot_group(record, members, out / f"{record['algo']}-{env_family(record['env'])}.png"))
-        print(describe(record))
+        print(group_line(record))
     if aggregate is not None:
         aggregate["plot"] = str(plot_normalised(records, aggregate, out / "normalised.png"))
         print(f"normalised over {aggregate['groups']} groups, {aggregate['runs']} runs: IQM "
