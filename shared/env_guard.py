@@ -42,9 +42,14 @@ def env_fault_of(exc: BaseException | None) -> EnvFault | None:
     return None
 
 
-def _describe(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message ("(no message)" for none): what one-line errors quote of it."""
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {first_line(exc)}" if str(exc).strip() else type(exc).__name__
 
 
 def _non_finite(value) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from shared.atari import GAME_KEYS, AtariSettings, is_atari, make_atari_vector_env
 from shared.config import ConfigError
 from shared.dmc import dmc_base, dmc_task, is_dmc
-from shared.env_guard import make_gym
+from shared.env_guard import first_line, make_gym
 from shared.rendering import current_gl_context_wrapper, fast_render, headless_gl
 
 
@@ -40,13 +40,9 @@ def import_own_env(name: str) -> str:
     except Exception as exc:  # noqa: BLE001 - the user's module raised while it ran (a SyntaxError, a RuntimeError...)
         where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) else ""
         raise ConfigError(f"env.name={name!r}: importing module {module!r} raised {type(exc).__name__}{where}: "
-                          f"{_first_line(exc)}; allowed: a module that imports without an error") from None
+                          f"{first_line(exc)}; allowed: a module that imports without an error") from None
     return env_id[0]
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "(no message)"
 
 
 def _ids_of(module: str) -> list[str]:
@@ -145,7 +141,7 @@ def check_renders(name: str) -> None:
                           "allowed: eval.video=false, or install what it names") from None
     except Exception as exc:  # noqa: BLE001 - an env of the user's own: no render(), no render_mode argument, ...
         raise ConfigError(f"eval.video=true cannot render env.name={name!r} (render_mode='rgb_array': "
-                          f"{type(exc).__name__}: {_first_line(exc)}); allowed: eval.video=false, or an env whose "
+                          f"{type(exc).__name__}: {first_line(exc)}); allowed: eval.video=false, or an env whose "
                           "render() returns RGB frames") from None
     if not (hasattr(frame, "shape") and len(frame.shape) == 3 and frame.shape[-1] == 3):
         raise ConfigError(f"eval.video=true cannot render env.name={name!r}: its render() with "

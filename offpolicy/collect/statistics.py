@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from offpolicy.envs import reported_env_fault
+
 
 def for_replay(rollout):
     """A collected rollout as replay stores it: ``[num_envs, T] -> [num_envs * T]`` single transitions; on Atari a
@@ -31,8 +33,6 @@ def next_batch(batches, env):
     """The next batch of the collector iterator ``batches`` over the training env ``env``, as replay stores it
     (:func:`for_replay`); when collection fails because an env worker process exited (``env.vector=process``), the
     EnvFault that worker reported instead of torchrl's error, which names only the worker."""
-    from offpolicy.envs import reported_env_fault
-
     try:
         return for_replay(next(batches))
     except Exception as exc:
