@@ -2,12 +2,11 @@
 so a red CI log says why without scrolling, however long the test's id."""
 from __future__ import annotations
 
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-
 
 import pytest
 
