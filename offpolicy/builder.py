@@ -15,6 +15,7 @@ from offpolicy.algos import AlgoParts, algorithm
 from offpolicy.algos.base import ActsOnTensors
 from offpolicy.compiling import CompileChoice, compile_choice
 from offpolicy.learner import SAMPLE_CHUNK, Learner, make_learner
+from shared import compat
 
 
 class Builder:
@@ -41,9 +42,14 @@ class Builder:
 
     def parts(self, specs) -> AlgoParts:
         """The algorithm's networks, policies, exploration, loss, optimisers and target updates for ``specs``
-        (anything with torchrl ``*_spec_unbatched``), after checking that the env's actions suit it."""
+        (anything with torchrl ``*_spec_unbatched``), after checking that the env's actions suit it. Every path that
+        builds an algorithm's parts comes here (training, both engines' actors and ranks, evaluation and export of a
+        checkpoint, the tools): what must hold before a torchrl loss is built is done here, for every algorithm."""
         algo = algorithm(self.cfg.algo)
         algo.check_actions(self.cfg.env.name, specs.action_spec_unbatched)
+        # the losses' Q-ensemble loop without tensordict's pytree edits, which made a compiled learner step recompile
+        # on every call (shared/compat.py); looked up when a loss is built, so before ``build``
+        compat.pseudo_vmap_without_pytree_edits()
         return algo.build(self.cfg, specs)
 
     def collector(self, env, policy, seed: int | None = None, *, env_steps_per_batch: int | None = None,

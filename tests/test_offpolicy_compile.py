@@ -86,11 +86,16 @@ def test_compiled_learner_makes_the_reference_update_without_recompiling(algo):
         torch.testing.assert_close({k: learned[k] for k in renorm}, renorm, rtol=1e-3, atol=1e-3)
 
 
-def test_a_fully_guarded_compiled_step_does_not_recompile_either():
+def test_a_fully_guarded_compiled_step_does_not_recompile_either(monkeypatch):
     """With every guard kept (compile.skip_guards=false) SAC's Q-ensemble loss compiles once: tensordict's pytree
     edits around the ensemble's loop (which change a guarded dict's version on every call) stay out of the compiled
-    step (networks.before_losses). The default guard filter would hide their return: without it SAC recompiled on
-    every step, and this test fails."""
+    step. The parts are built from torchrl's own pseudo-vmap (as in a fresh process): the Builder, which every path
+    to an algorithm's parts goes through, puts ours in place before the loss is built. The default guard filter
+    would hide the edits' return: without the Builder's step SAC recompiled on every step, and this test fails."""
+    from torchrl.objectives import utils
+
+    compat.pseudo_vmap_without_pytree_edits()
+    monkeypatch.setattr(utils, "_pseudo_vmap", utils._pseudo_vmap.torchrl_original)  # restored afterwards
     learner, _, replay = _learner("sac", "compile.enabled=true", "compile.skip_guards=false")
     out = learner.update(replay, learner.warmup_steps + 3, version=1)
     assert out["compile/recompiles"] == 0

@@ -24,7 +24,6 @@ def build(cfg, env) -> AlgoParts:
     norm = partial(nets.ClampedBatchRenorm1d, momentum=cfg.crossq.renorm_momentum,
                    warmup_steps=cfg.crossq.renorm_warmup_steps)
     critic = nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1], norm=norm)
-    nets.before_losses()
     loss = nets.with_value_estimator(cfg.loss, CrossQLoss(
         actor, critic, num_qvalue_nets=2, loss_function=cfg.loss.function, alpha_init=cfg.crossq.alpha_init,
         fixed_alpha=cfg.crossq.fixed_alpha, target_entropy=nets.target_entropy(cfg.crossq), action_spec=action_spec,

@@ -14,7 +14,6 @@ def build(cfg, env) -> AlgoParts:
     obs_spec, action_spec = nets.specs(env)
     actor = nets.continuous_actor(cfg.model, obs_spec, action_spec)
     noise = nets.noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_env_steps)
-    nets.before_losses()
     loss = nets.with_value_estimator(cfg.loss, DDPGLoss(actor, nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1]),
                                                    loss_function=cfg.loss.function, delay_actor=True,
                                                    delay_value=True))

@@ -43,7 +43,6 @@ def build(cfg, env) -> AlgoParts:
                        in_keys=["observation"], spec=action_spec)
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
                            annealing_num_steps=cfg.dqn.eps_anneal_env_steps)
-    nets.before_losses()
     loss = nets.with_value_estimator(cfg.loss, DQNLoss(qnet, loss_function=cfg.loss.function, delay_value=True,
                                                   double_dqn=cfg.dqn.double, action_space=action_spec))
     optimizer = nets.network_adam(cfg.optim, cfg.compile, loss.value_network_params.flatten_keys().values(), "actor")

@@ -13,7 +13,6 @@ from torch import nn
 from torchrl.modules import BatchRenorm1d
 
 from offpolicy.network_updates import OptimGroup, TargetUpdate
-from shared import compat
 from shared.config import Rule
 from shared.models import PixelEncoder, ReLU, mlp
 
@@ -215,12 +214,6 @@ def with_value_estimator(section: DictConfig, loss):
     kwargs = {"lmbda": section.lmbda} if section.value_estimator == "tdlambda" else {}
     loss.make_value_estimator(estimator[section.value_estimator], gamma=section.gamma, **kwargs)
     return loss
-
-
-def before_losses() -> None:
-    """Call before building a torchrl loss: its Q-ensemble loop then runs without tensordict's pytree edits (no
-    recompiles of a compiled step; shared/compat.py)."""
-    compat.pseudo_vmap_without_pytree_edits()
 
 
 def target_updater(target: DictConfig, loss) -> TargetUpdate:

@@ -84,7 +84,6 @@ def check(cfg) -> None:
 def build(cfg, env) -> AlgoParts:
     obs_spec, action_spec = nets.specs(env)
     actor = nets.tanh_normal_actor(cfg.model, obs_spec, action_spec)
-    nets.before_losses()
     loss = nets.with_value_estimator(cfg.loss, SplitREDQLoss(
         actor, nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1]), num_qvalue_nets=cfg.redq.num_qvalue_nets,
         sub_sample_len=cfg.redq.sub_sample_len, loss_function=cfg.loss.function, alpha_init=cfg.redq.alpha_init,

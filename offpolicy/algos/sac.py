@@ -13,7 +13,6 @@ def build(cfg, env) -> AlgoParts:
 
     obs_spec, action_spec = nets.specs(env)
     actor = nets.tanh_normal_actor(cfg.model, obs_spec, action_spec)
-    nets.before_losses()
     loss = nets.with_value_estimator(cfg.loss, SACLoss(
         actor, nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1]), num_qvalue_nets=2,
         loss_function=cfg.loss.function,

@@ -22,7 +22,6 @@ class FirstQTD3Loss(TD3Loss):
 def make_loss(cfg, actor, critic, action_spec):
     """torchrl's TD3Loss over ``actor`` and ``critic`` (its actor loss on the first Q network only), with the target
     smoothing noise per action dimension."""
-    nets.before_losses()
     loss = FirstQTD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2,
                          loss_function=cfg.loss.function, deactivate_vmap=nets.DEACTIVATE_VMAP)
     # target smoothing in units of each dimension's half range, as the TD3 paper (0.2 and 0.5 x max_action) and as
