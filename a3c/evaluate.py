@@ -15,10 +15,11 @@ from omegaconf import OmegaConf
 from a3c.child_process import process_setup
 from a3c.model import build_model, checkpoint_model, read_checkpoint
 from a3c.rollout import reset_where
-from shared.config import CONFIG_ROOT, Rule, run_cli
+from shared.config import run_cli
 from shared.atari import AtariBatch, AtariSettings
 from shared.evaluation import evaluate_cli_args, evaluation_dir, return_stats, write_evaluation, write_video
 from shared.models import AtariActorCritic
+from shared.schema import key
 
 VIDEO_SCALE = 4  # agent-view frames (84x84) are upscaled for viewing
 
@@ -98,14 +99,26 @@ def evaluator_main(cfg_dict: dict, global_model: AtariActorCritic, num_actions: 
         stats.end_eval()
 
 
-_RULES = {"episodes": Rule(min=1, max=256, integer=True), "seed": Rule(min=0, integer=True),
-          "max_episode_frames": Rule(min=1, integer=True)}
+@dataclasses.dataclass
+class EvaluateConfig:
+    """The keys of ``python -m a3c.evaluate``."""
+
+    checkpoint: str | None = key(None, "path to a checkpoint written by a3c.train (required)")
+    episodes: int = key(10, "greedy episodes, played in parallel", min=1, max=256, integer=True)
+    seed: int = key(12345, "seed of the evaluation games (noop starts differ per game)", min=0, integer=True)
+    max_episode_frames: int = key(108000, "cap on an episode's emulator frames", min=1, integer=True)
+    video: bool = key(False, "write an mp4 of the first episode (needs the video extra)")
+    run_dir: str | None = key(None, "where evaluation.json and the video go (default: the checkpoint's run dir)")
+
+
+EVALUATE_HEADER = """python -m a3c.evaluate checkpoint=<path> [episodes=10] [video=true]: greedy episodes of a saved A3C model.
+Generated from a3c/evaluate.py by `python -m a3c.config`: edit the declarations there, not this file."""
 _USAGE = "usage: python -m a3c.evaluate checkpoint=<path> [episodes=10] [video=true]"
 
 
 def main(argv: list[str]) -> int:
     """Evaluate a checkpoint; prints ``return: mean +- std`` and writes evaluation.json (and an mp4)."""
-    args = evaluate_cli_args(CONFIG_ROOT / "a3c", _USAGE, _RULES, argv, written_by="a3c.train")
+    args = evaluate_cli_args(EvaluateConfig, EVALUATE_HEADER, _USAGE, argv, written_by="a3c.train")
     if args is None:
         return 0
     ckpt = read_checkpoint(args.checkpoint)

@@ -13,9 +13,9 @@ from torch import nn
 
 from a3c.model import checkpoint_model, read_checkpoint
 from shared.atari import AtariSettings
-from shared.config import CONFIG_ROOT, run_cli
+from shared.config import run_cli
 from shared.evaluation import evaluate_cli_args
-from shared.export import RULES, Port, check_format_installed, export_policy, output_paths
+from shared.export import ExportConfig, Port, check_format_installed, export_header, export_policy, output_paths
 from shared.models import AtariActorCritic
 
 USAGE = "usage: python -m a3c.export checkpoint=<path> [format=torchscript|onnx] [out=PATH]"
@@ -66,7 +66,7 @@ def ports(cfg, model: AtariActorCritic) -> tuple[list[Port], list[Port]]:
 
 def main(argv: list[str]) -> int:
     """Export a checkpoint's greedy policy; prints where the file and its spec went."""
-    args = evaluate_cli_args(CONFIG_ROOT / "a3c", USAGE, RULES, argv, written_by="a3c.train", defaults="export.yaml")
+    args = evaluate_cli_args(ExportConfig, export_header("a3c"), USAGE, argv, written_by="a3c.train")
     if args is None:
         return 0
     check_format_installed(args.format)

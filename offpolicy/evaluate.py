@@ -11,6 +11,7 @@ import copy
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -19,11 +20,12 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from offpolicy.engines import learner_threads
+from offpolicy.engines import engine_class
 from offpolicy.invariants import check_finite
-from shared.config import CONFIG_ROOT, Rule, run_cli
+from shared.config import run_cli
 from shared.evaluation import evaluate_cli_args, evaluation_dir, return_stats, write_evaluation, write_video
 from shared.rendering import render_frame
+from shared.schema import key
 
 
 def play_episodes(env, policy, episodes: int, max_steps: int, render: bool = False,
@@ -131,22 +133,39 @@ class AsyncEvaluator:
             write_video(self._video_dir / f"eval-{env_steps}.mp4", video, fps=30)
 
 
-RULES = {"episodes": Rule(min=1, integer=True), "seed": Rule(min=0, integer=True, nullable=True)}
+@dataclass
+class EvaluateConfig:
+    """The keys of ``python -m offpolicy.evaluate``."""
+
+    checkpoint: str | None = key(None, "path to a checkpoint written by offpolicy.train (required)")
+    episodes: int = key(10, "deterministic episodes, played one after another", min=1, integer=True)
+    seed: int | None = key(None, "seed of the evaluation env (null: the run's own evaluation seed)", min=0,
+                           integer=True, nullable=True)
+    video: bool = key(False, "write an mp4 of the first episode (needs the video extra; MuJoCo renders with "
+                             "MUJOCO_GL=egl)")
+    run_dir: str | None = key(None, "where evaluation.json and the video go (default: the checkpoint's run dir)")
+
+
+EVALUATE_HEADER = """python -m offpolicy.evaluate checkpoint=<path> [episodes=10] [video=true]: deterministic episodes of a saved
+off-policy policy, on the evaluation env of the run that wrote the checkpoint (Atari: whole games, raw scores).
+Generated from offpolicy/evaluate.py by `python -m offpolicy.config`: edit the declarations there, not this file."""
 USAGE = "usage: python -m offpolicy.evaluate checkpoint=<path> [episodes=10] [seed=N] [video=true] [run_dir=PATH]"
 
 
 def main(argv: list[str]) -> int:
     """Evaluate a checkpoint of ``offpolicy.train``: prints ``return: mean +- std`` and writes evaluation.json (and
     an mp4 of the first episode with ``video=true``) into the run directory."""
+    from offpolicy import prepare_process
     from offpolicy.builder import Builder
     from offpolicy.checkpoint import Checkpoint
     from offpolicy.envs import eval_max_steps
     from offpolicy.progress import Progress
     from shared.envs import check_renders
 
-    args = evaluate_cli_args(CONFIG_ROOT / "offpolicy", USAGE, RULES, argv, written_by="offpolicy.train")
+    args = evaluate_cli_args(EvaluateConfig, EVALUATE_HEADER, USAGE, argv, written_by="offpolicy.train")
     if args is None:
         return 0
+    prepare_process()
     checkpoint = Checkpoint.read(args.checkpoint, key="checkpoint")
     out_dir = evaluation_dir(args)
     cfg = OmegaConf.create(checkpoint.config)
@@ -156,7 +175,7 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault("MUJOCO_GL", "egl")
         if cfg.env.kind == "gymnasium":
             check_renders(cfg.env.name)  # one error line, before any episode
-    torch.set_num_threads(learner_threads(cfg))
+    torch.set_num_threads(engine_class(cfg.engine).learner_threads(cfg))
     env = Builder(cfg).eval_env(render=args.video, obs_norm=checkpoint.obs_norm)  # cfg: with the seed given here
     try:
         returns, lengths, frames = play_episodes(env, checkpoint.eval_policy(env), args.episodes, eval_max_steps(cfg),

@@ -14,9 +14,9 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from shared.config import CONFIG_ROOT, run_cli
+from shared.config import run_cli
 from shared.evaluation import evaluate_cli_args
-from shared.export import RULES, Port, check_format_installed, export_policy, output_paths
+from shared.export import ExportConfig, Port, check_format_installed, export_header, export_policy, output_paths
 from shared.models import AtariTrunk
 
 USAGE = "usage: python -m offpolicy.export checkpoint=<path> [format=torchscript|onnx] [out=PATH]"
@@ -80,16 +80,17 @@ def action_port(cfg, action_spec, discrete: bool) -> Port:
 
 def main(argv: list[str]) -> int:
     """Export a checkpoint's evaluation policy; prints where the file and its spec went."""
+    from offpolicy import prepare_process
     from offpolicy.algos import algorithm
     from offpolicy.algos.policies import tensor_eval_policy
     from offpolicy.builder import Builder
     from offpolicy.checkpoint import Checkpoint
     from offpolicy.progress import Progress
 
-    args = evaluate_cli_args(CONFIG_ROOT / "offpolicy", USAGE, RULES, argv, written_by="offpolicy.train",
-                             defaults="export.yaml")
+    args = evaluate_cli_args(ExportConfig, export_header("offpolicy"), USAGE, argv, written_by="offpolicy.train")
     if args is None:
         return 0
+    prepare_process()
     check_format_installed(args.format)
     checkpoint = Checkpoint.read(args.checkpoint, key="checkpoint")
     path, spec_path = output_paths(args)

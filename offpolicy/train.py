@@ -1,6 +1,6 @@
 """Entry point of the off-policy engine: ``python -m offpolicy.train algo=NAME [env=...] [key=value...]`` (the
-algorithms: offpolicy/algos/), or from Python ``from offpolicy import train; summary = train(algo=NAME, ...)``
-(:func:`from_python`).
+algorithms: offpolicy/algos/); from Python ``from offpolicy.api import train; summary = train(algo=NAME, ...)``
+(offpolicy/api.py).
 
 A run (offpolicy/run.py) builds its parts through the builder (offpolicy/builder.py) in the engine that decides where
 they run (offpolicy/engines/), owns the services around the loop (offpolicy/loop.py) and writes the summary.
@@ -13,14 +13,13 @@ import sys
 import torch
 from omegaconf import DictConfig
 
+from offpolicy import prepare_process
 from offpolicy.algos import ALGOS
 from offpolicy.checkpoint import Checkpoint
-from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
-from offpolicy.engines import learner_threads
+from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config, reference
 from offpolicy.loop import train_loop
 from offpolicy.run import Run
-from shared import denormals
-from shared.config import help_text, overrides_argv, python_entry_point, run_cli
+from shared.config import help_text, run_cli
 
 USAGE = (f"usage: python -m offpolicy.train algo={'|'.join(ALGOS)} [env=NAME] [profile=smoke|local|ray_smoke|...] "
          "[engine=local|ray] [run_dir=PATH] [resume=CHECKPOINT] [key=value ...]")
@@ -33,19 +32,9 @@ EXIT_INTERRUPTED = 130
 def train(cfg: DictConfig, checkpoint: Checkpoint | None = None) -> dict:
     """Run one training job described by ``cfg`` (resumed from ``checkpoint``); returns the summary (also written to
     ``summary.json``)."""
+    prepare_process()
     torch.manual_seed(cfg.seed)
-    denormals.start_intra_op_threads(learner_threads(cfg))  # before the run's first parallel op: they inherit FTZ
     return Run(cfg, checkpoint).train(train_loop)
-
-
-def from_python(**overrides) -> dict:
-    """``offpolicy.train(algo=NAME, env=ENV_ID, **overrides)``: a run from Python. The keyword arguments are
-    the command line's keys and aliases (a dict sets the keys under its key, ``optim={"lr": 1e-3}``; or
-    ``**{"optim.lr": 1e-3}``), checked as on the command line: a bad key or value raises ConfigError with the CLI's
-    ``error:`` line as its message. Returns the summary (also written to ``summary.json``); its ``status`` says how
-    the run ended (completed, interrupted, failed, invariant_broken), where the CLI exits with a code."""
-    cfg, checkpoint = compose_config(overrides_argv(overrides))
-    return train(cfg, checkpoint)
 
 
 def main(argv: list[str]) -> int:
@@ -53,7 +42,7 @@ def main(argv: list[str]) -> int:
     or the background collector fails, 5 when the env fails (raises, or returns a non-finite value), 130 on
     Ctrl-C."""
     if any(a in ("-h", "--help", "help") for a in argv):
-        print(help_text(CONFIG_DIR, USAGE, ALIASES, GROUPS))
+        print(help_text(reference(), USAGE, ALIASES, GROUPS, CONFIG_DIR))
         return 0
     cfg, checkpoint = compose_config(argv)
     summary = train(cfg, checkpoint)
@@ -70,8 +59,6 @@ def main(argv: list[str]) -> int:
         return EXIT_INTERRUPTED
     return 0
 
-
-python_entry_point(__name__)
 
 if __name__ == "__main__":
     run_cli(main)

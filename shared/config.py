@@ -1,8 +1,9 @@
-"""Strict configuration: YAML defaults + group files + CLI ``key=value`` overrides (omegaconf).
+"""Strict configuration: declared defaults + group files + CLI ``key=value`` overrides (omegaconf).
 
 Every entry point composes its config the same way:
 
-1. ``configs/<engine>/config.yaml`` holds every default, commented (it doubles as the reference that ``--help`` prints);
+1. every key is declared once with its default, rule and doc (shared/schema.py; the engine's config module), from
+   which ``configs/<engine>/config.yaml`` (the commented reference ``--help`` prints) and docs/config.md are generated;
 2. group files (``configs/<engine>/<group>/<name>.yaml``, e.g. ``algo=sac`` or ``profile=smoke``) are merged on top;
 3. ``key=value`` overrides from the command line are applied last; short aliases (``env=Pong``) expand to full keys.
 
@@ -16,7 +17,6 @@ import json
 import math
 import os
 import sys
-import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -47,7 +47,8 @@ class Rule:
     def describe(self) -> str:
         parts = ["auto or"] if self.auto else []
         if self.choices is not None:
-            parts.append("one of " + ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in self.choices))
+            parts.append("one of " + ", ".join("null" if c is None else str(c).lower() if isinstance(c, bool) else str(c)
+                                                for c in self.choices))
         else:
             parts.append("an integer" if self.integer else "a number")
             if self.min is not None:
@@ -88,10 +89,9 @@ class Rule:
 @dataclass(frozen=True)
 class Group:
     """A config group: ``<name>=<file>`` merges ``<config_dir>/<name>/<file>.yaml`` (after the file named by its
-    ``extends:`` key, if it has one)."""
+    ``extends:`` key, if it has one); it may only change declared keys."""
 
     name: str
-    may_add_keys: bool = False  # algorithm files add their own keys; profiles may only change existing ones
 
 
 def parse_overrides(argv: Iterable[str], aliases: dict[str, str] | None = None) -> dict[str, str]:
@@ -136,23 +136,6 @@ def _reads_back(key: str, word: str) -> bool:
         return _parse_value(key, word) == word
     except ConfigError:
         return False
-
-
-class _EntryModule(types.ModuleType):
-    """An entry module that can be called: ``module(**overrides)`` is ``module.from_python(**overrides)``."""
-
-    def __call__(self, **overrides):
-        return self.from_python(**overrides)
-
-
-def python_entry_point(module_name: str) -> None:
-    """Make the entry module ``module_name`` (``offpolicy.train``, ``a3c.train``) callable as its ``from_python``, so
-    that ``from offpolicy import train; train(algo="sac")`` runs. The module itself, not a function of the same name
-    in the package: Python sets the package's attribute ``train`` to the submodule whenever ``offpolicy.train`` is
-    imported (by ``python -m offpolicy.train``'s own imports, a test, another module), replacing a function put
-    there, so which object ``from offpolicy import train`` gives would depend on the import order; a callable
-    module is the same object either way."""
-    sys.modules[module_name].__class__ = _EntryModule
 
 
 def _parse_value(key: str, raw: str) -> Any:
@@ -202,7 +185,7 @@ def _merge_group(cfg: DictConfig, config_dir: Path, group: Group, choice: str) -
     parent = layer.pop("extends", None)  # a group file may start from another file of its group
     if parent is not None:
         cfg = _merge_group(cfg, config_dir, group, str(parent))
-    OmegaConf.set_struct(cfg, not group.may_add_keys)
+    OmegaConf.set_struct(cfg, True)
     try:
         merged = OmegaConf.merge(cfg, layer)
     except OmegaConfBaseException as exc:
@@ -213,16 +196,17 @@ def _merge_group(cfg: DictConfig, config_dir: Path, group: Group, choice: str) -
 
 
 def compose(
-    config_dir: Path,
+    defaults: dict,
     overrides: dict[str, str],
     *,
+    config_dir: Path | None = None,
     groups: Sequence[Group] = (),
     rules: dict[str, Rule] | None = None,
     base: dict | None = None,
-    defaults: str = "config.yaml",
 ) -> DictConfig:
-    """Compose defaults, group files, an optional ``base`` (a resumed run's config) and CLI overrides; validate."""
-    cfg = OmegaConf.load(config_dir / defaults)
+    """Compose the declared ``defaults`` (shared/schema.py), group files (``config_dir/<group>/<choice>.yaml``), an
+    optional ``base`` (a resumed run's config) and CLI overrides; check every key against its rule."""
+    cfg = OmegaConf.create(defaults)
     overrides = dict(overrides)
     for group in groups:
         choice = overrides.pop(group.name, None)
@@ -277,15 +261,16 @@ def _suggest(cfg: DictConfig, key: str) -> str:
     return hint + "run with --help for every key"
 
 
-def help_text(config_dir: Path, usage: str, aliases: dict[str, str], groups: Sequence[Group] = (),
-              defaults: str = "config.yaml") -> str:
-    """The config reference: usage, aliases, group choices and the commented defaults file."""
+def help_text(reference: str, usage: str, aliases: dict[str, str], groups: Sequence[Group] = (),
+              config_dir: Path | None = None) -> str:
+    """The config reference: usage, aliases, group choices (files in ``config_dir``) and the commented defaults
+    ``reference`` (generated from the declarations, shared/schema.py)."""
     lines = [usage, ""]
     if aliases:
         lines.append("aliases: " + ", ".join(f"{a}= -> {k}=" for a, k in aliases.items()))
     for group in groups:
         lines.append(f"{group.name}=: " + " | ".join(_group_choices(config_dir, group.name)))
-    lines += ["", f"# defaults: {config_dir / defaults}", (config_dir / defaults).read_text()]
+    lines += ["", reference]
     return "\n".join(lines)
 
 

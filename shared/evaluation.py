@@ -30,17 +30,17 @@ def write_video(path: str | Path, frames: Sequence[np.ndarray], fps: int = 30) -
     return path
 
 
-def evaluate_cli_args(config_dir: Path, usage: str, rules: dict, argv: list[str], written_by: str,
-                      defaults: str = "evaluate.yaml"):
-    """The arguments of an ``evaluate`` (or ``export``: ``defaults="export.yaml"``) CLI: ``config_dir/<defaults>``
-    with ``key=value`` overrides (``checkpoint`` required); ``None`` after printing the reference for ``--help``. Bad
-    input is a ConfigError (one line, exit 2)."""
+def evaluate_cli_args(config: type, header: str, usage: str, argv: list[str], written_by: str):
+    """The arguments of an ``evaluate`` (or ``export``) CLI: the keys ``config`` declares (shared/schema.py) with
+    ``key=value`` overrides (``checkpoint`` required); ``None`` after printing the reference (``header`` and the
+    commented keys) for ``--help``. Bad input is a ConfigError (one line, exit 2)."""
+    from shared import schema
     from shared.config import ConfigError, compose, help_text, parse_overrides
 
     if {"-h", "--help"} & set(argv):
-        print(help_text(config_dir, usage, {}, defaults=defaults))
+        print(help_text(schema.to_yaml(config, header), usage, {}))
         return None
-    args = compose(config_dir, parse_overrides(argv), rules=rules, defaults=defaults)
+    args = compose(schema.defaults(config), parse_overrides(argv), rules=schema.rules(config))
     if not args.checkpoint:
         raise ConfigError(f"checkpoint is required; allowed: the path of a checkpoint written by {written_by}")
     return args

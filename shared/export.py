@@ -16,15 +16,34 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from shared.config import ConfigError, Rule, ensure_writable_dir
+from shared.config import ConfigError, ensure_writable_dir
+from shared.schema import key
 
 FORMATS = {"torchscript": ".pt", "onnx": ".onnx"}  # format -> the default file's suffix
-RULES = {"format": Rule(choices=tuple(FORMATS))}
 LOAD = {  # how the spec tells a user to run the file
     "torchscript": "torch.jit.load(file)(*inputs) -> outputs (torch tensors)",
     "onnx": "onnxruntime.InferenceSession(file).run(None, {name: array, ...}) -> [outputs] (numpy arrays)",
 }
 EXAMPLE_BATCH = 2  # the traced example's batch (torch.export would fix a batch of 1 as a constant)
+
+
+@dataclass
+class ExportConfig:
+    """The keys of both engines' ``export`` CLIs."""
+
+    checkpoint: str | None = key(None, "path to a checkpoint written by the engine's train (required)")
+    format: str = key("torchscript", "torchscript (torch.jit.load) | onnx (onnxruntime; needs the onnx extra)",
+                      choices=tuple(FORMATS))
+    out: str | None = key(None, "the exported file; its spec goes beside it as <file>.json (default: the checkpoint's "
+                                "run dir, export/policy.pt or export/policy.onnx)")
+
+
+def export_header(engine: str) -> str:
+    """The first lines of ``configs/<engine>/export.yaml`` (and of ``python -m <engine>.export --help``)."""
+    return (f"python -m {engine}.export checkpoint=<path> [format=torchscript|onnx] [out=PATH]: the deterministic "
+            "evaluation policy of a saved run as one file that runs without this project, with its input/output "
+            f"spec as JSON.\nGenerated from shared/export.py by `python -m {engine}.config`: edit the declarations "
+            "there, not this file.")
 
 
 @dataclass

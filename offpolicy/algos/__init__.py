@@ -18,7 +18,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                    if info.name not in _SHARED)
 }
 ALGOS = tuple(ALGORITHMS)
-RENAMED_KEYS = {old: new for a in ALGORITHMS.values() for old, new in a.renamed_keys.items()}
+DEFAULT_ALGO = "dqn"  # what a run without algo= trains
 
 
 def algorithm(name: str) -> Algorithm:
@@ -27,4 +27,4 @@ def algorithm(name: str) -> Algorithm:
 
 
 
-__all__ = ["ALGORITHMS", "ALGOS", "RENAMED_KEYS", "AlgoParts", "Algorithm", "algorithm"]
+__all__ = ["ALGORITHMS", "ALGOS", "DEFAULT_ALGO", "AlgoParts", "Algorithm", "algorithm"]

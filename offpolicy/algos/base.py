@@ -3,7 +3,7 @@ contract between an algorithm and the rest of the engine. The loop, the learner 
 algorithm's name."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from offpolicy.network_updates import OptimGroup, TargetUpdate
-from shared.config import ConfigError, Rule
+from shared.config import ConfigError
 
 
 @runtime_checkable
@@ -85,13 +85,10 @@ class Algorithm:
     discrete: bool  # action space: discrete (one-hot, e.g. CartPole, ALE games) or bounded continuous
     smoke_env: str  # the env of its smoke runs (``offpolicy.tools.suite profile=*smoke``)
     build: Callable[[DictConfig, object], AlgoParts]  # (cfg, anything with torchrl ``*_spec_unbatched``) -> parts
-    rules: dict[str, Rule] = field(default_factory=dict)  # its config section's keys and what each allows
-    # keys newer than some of its checkpoints, with the value those runs used (a resume keeps it)
-    added_keys: dict[str, object] = field(default_factory=dict)
-    renamed_keys: dict[str, str] = field(default_factory=dict)  # old key -> current key (old checkpoints, old CLIs)
+    # its config section ``<name>``: a dataclass declaring each key (default, rule, doc; shared/schema.py) and its
+    # checks across them
+    config: type
     shape_keys: tuple[str, ...] = ()  # its keys that shape its networks: a resume cannot change them
-    # checks across its keys (a ConfigError for what the per-key rules cannot see), after the rules
-    check: Callable[[DictConfig], None] | None = None
 
     def check_actions(self, env_name: str, action_spec) -> None:
         """The env's actions suit the algorithm: discrete (one-hot) or bounded continuous; a ConfigError otherwise.

@@ -8,12 +8,14 @@ is torchrl's with its warm-up ending (networks.ClampedBatchRenorm1d). The actor 
 and evaluation need no train/eval switch."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from functools import partial
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import DeterministicActor
-from shared.config import Rule
+from shared.schema import key
 
 
 def build(cfg, env) -> AlgoParts:
@@ -40,9 +42,16 @@ def build(cfg, env) -> AlgoParts:
     )
 
 
-ALGORITHM = Algorithm(
-    name="crossq", discrete=False, smoke_env="Pendulum-v1", build=build,
-    rules={"crossq.alpha_init": Rule(min=1e-9), "crossq.alpha_lr": Rule(min=1e-12),
-           "crossq.policy_delay": Rule(min=1, integer=True), "crossq.adam_beta1": Rule(min=0, max=0.999),
-           "crossq.renorm_momentum": Rule(min=1e-6, max=1), "crossq.renorm_warmup_steps": Rule(min=0, integer=True)},
-)
+@dataclass
+class CrossQConfig(nets.TemperatureConfig):
+    """CrossQ's section"""
+
+    policy_delay: int = key(3, "actor and temperature step every this many critic steps", min=1, integer=True)
+    adam_beta1: float = key(0.5, "Adam's beta1 for the actor and the critics (beta2 0.999)", min=0, max=0.999)
+    renorm_momentum: float = key(0.01, "BatchRenorm1d running-statistics momentum", min=1e-6, max=1)
+    renorm_warmup_steps: int = key(100000, "critic steps of plain batch normalisation before renormalisation (torchrl "
+                                           "0.14.1's `BatchRenorm1d` never ends its warm-up, ours does: see the CrossQ "
+                                           "results in [results.md](results.md#off-policy-engine))", min=0, integer=True)
+
+
+ALGORITHM = Algorithm(name="crossq", discrete=False, smoke_env="Pendulum-v1", build=build, config=CrossQConfig)

@@ -2,10 +2,12 @@
 Ornstein-Uhlenbeck noise for collection, one Q network, target actor and critic."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import noisy_policy
-from shared.config import Rule
+from shared.schema import key
 
 
 def build(cfg, env) -> AlgoParts:
@@ -26,9 +28,13 @@ def build(cfg, env) -> AlgoParts:
     )
 
 
-ALGORITHM = Algorithm(
-    name="ddpg", discrete=False, smoke_env="Pendulum-v1", build=build,
-    renamed_keys={"ddpg.anneal_frames": "ddpg.anneal_env_steps"},
-    rules={**{f"ddpg.{k}": r for k, r in nets.NOISE_RULES.items()},
-           "ddpg.noise": Rule(choices=("gaussian", "ou", "none"))},
-)
+@dataclass
+class DDPGConfig(nets.NoiseConfig):
+    """DDPG's section"""
+
+    noise: str = key("gaussian", "gaussian, ou (Ornstein-Uhlenbeck) or none", choices=("gaussian", "ou", "none"))
+    sigma: float = key(0.2, "exploration noise std, in units of half the action range", min=1e-9)
+    sigma_end: float = key(0.2, "annealed linearly to this...", min=0)
+
+
+ALGORITHM = Algorithm(name="ddpg", discrete=False, smoke_env="Pendulum-v1", build=build, config=DDPGConfig)

@@ -2,16 +2,18 @@
 epsilon-greedy collection, a hard or soft target Q network. Discrete actions: CartPole, ALE games (Nature CNN)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import EpsilonGreedyPolicy
-from offpolicy.engines import learner_device
+from offpolicy.engines import engine_class
 from offpolicy.network_updates import OptimGroup
-from shared.config import Rule
 from shared.models import CONV_PRECISIONS, AtariTrunk, DuelingHead, conv_precision, mlp
+from shared.schema import key
 
 
 def q_network(model, obs_spec, n_actions: int, dueling: bool, precision: str = "float32") -> nn.Module:
@@ -38,7 +40,7 @@ def build(cfg, env) -> AlgoParts:
     from torchrl.objectives import DQNLoss
 
     obs_spec, action_spec = nets.specs(env)
-    precision = conv_precision(cfg.dqn.conv_precision, learner_device(cfg).type)
+    precision = conv_precision(cfg.dqn.conv_precision, engine_class(cfg.engine).learner_device(cfg).type)
     qnet = QValueActor(q_network(cfg.model, obs_spec, action_spec.shape[-1], cfg.dqn.dueling, precision),
                        in_keys=["observation"], spec=action_spec)
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
@@ -56,12 +58,24 @@ def build(cfg, env) -> AlgoParts:
         if obs_spec.dtype == torch.uint8 else "",
     )
 
-ALGORITHM = Algorithm(
-    name="dqn", discrete=True, smoke_env="CartPole-v1", build=build,
-    rules={"dqn.eps_init": Rule(min=0, max=1), "dqn.eps_end": Rule(min=0, max=1),
-           "dqn.eps_anneal_env_steps": Rule(min=1, integer=True),
-           "dqn.conv_precision": Rule(choices=CONV_PRECISIONS)},
-    added_keys={"dqn.dueling": False, "dqn.conv_precision": "float32"},
-    renamed_keys={"dqn.eps_anneal_frames": "dqn.eps_anneal_env_steps"},
-    shape_keys=("dqn.dueling",),
-)
+@dataclass
+class DQNConfig:
+    """DQN's section"""
+
+    eps_init: float = key(1.0, "epsilon-greedy: starts fully random...", min=0, max=1)
+    eps_end: float = key(0.04, "...and anneals linearly to this", min=0, max=1)
+    eps_anneal_env_steps: int = key(8000, "over this many collected env steps (the module is stepped after every "
+                                          "batch)", min=1, integer=True)
+    double: bool = key(False, "double DQN target (van Hasselt et al. 2016)")
+    dueling: bool = key(False, "dueling Q head (Wang et al. 2016): value and advantage streams with their own last "
+                               "hidden layer, Q = V + A - mean(A); on Atari two 512-unit streams after the convolutions")
+    conv_precision: str = key("auto", "Atari frames: the Nature CNN's compute precision. auto: bfloat16 where the "
+                                      "learner's device computes it natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU "
+                                      "with bf16), else float32. bf16 runs the convolutions and the 512-unit layer "
+                                      "under autocast (parameters, Q head, loss and Adam stay float32; exported files "
+                                      "compute in float32); `profile=atari_cleanrl` sets float32, CleanRL's own; see "
+                                      "[results.md](results.md)", choices=CONV_PRECISIONS)
+
+
+ALGORITHM = Algorithm(name="dqn", discrete=True, smoke_env="CartPole-v1", build=build, config=DQNConfig,
+                      shape_keys=("dqn.dueling",))

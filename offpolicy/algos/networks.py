@@ -4,6 +4,7 @@ and the target networks."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -13,15 +14,32 @@ from torch import nn
 from torchrl.modules import BatchRenorm1d
 
 from offpolicy.network_updates import OptimGroup, TargetUpdate
-from shared.config import Rule
 from shared.models import PixelEncoder, ReLU, mlp
+from shared.schema import key
 
 ACTIVATIONS = {"relu": ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
 # torchrl warns when a loss with target parameters has no torchrl updater attached; ours is updates.TargetUpdate
 warnings.filterwarnings("ignore", message="No target network updater has been associated")
-# the keys of an exploration-noise section (ddpg, td3)
-NOISE_RULES = {"noise": Rule(choices=("gaussian", "ou")), "sigma": Rule(min=1e-9), "sigma_end": Rule(min=0),
-               "anneal_env_steps": Rule(min=1, integer=True)}
+
+
+@dataclass
+class NoiseConfig:
+    """The keys of an exploration-noise section (TD3, DDPG)."""
+
+    noise: str = key("gaussian", "gaussian or ou (Ornstein-Uhlenbeck)", choices=("gaussian", "ou"))
+    sigma: float = key(0.1, "exploration noise std, in units of half the action range", min=1e-9)
+    sigma_end: float = key(0.1, "annealed linearly to this...", min=0)
+    anneal_env_steps: int = key(1000000, "...over this many collected env steps", min=1, integer=True)
+
+
+@dataclass
+class TemperatureConfig:
+    """The entropy-temperature keys of a SAC-family section (SAC, CrossQ, REDQ)."""
+
+    alpha_init: float = key(1.0, "initial entropy temperature", min=1e-9)
+    target_entropy: float | str = key("auto", "auto (= -action_dim) or a number")
+    fixed_alpha: bool = key(False, "true keeps alpha at alpha_init")
+    alpha_lr: float = key(0.001, "temperature learning rate", min=1e-12)
 
 # SACLoss / TD3Loss evaluate their two Q networks in a plain loop instead of vmap: a learner step took 20.6 against
 # 23.2 ms (SAC) and 13.7 against 14.9 ms (TD3) here, one thread, batch 256 (benchmarks/offpolicy_update_cost.py

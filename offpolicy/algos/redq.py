@@ -4,6 +4,8 @@ update-to-data ratio (the paper's 20), and the actor and the temperature steppin
 (every ``utd_ratio`` critic steps), as the paper's Algorithm 1."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.modules.distributions.utils import rsample_and_log_prob
@@ -13,7 +15,8 @@ from torchrl.objectives.utils import distance_loss
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import DeterministicActor
-from shared.config import ConfigError, Rule
+from shared.config import ConfigError
+from shared.schema import key
 
 
 class SplitREDQLoss(REDQLoss):
@@ -73,14 +76,6 @@ class SplitREDQLoss(REDQLoss):
                            "alpha": alpha, "entropy": -log_prob.detach().mean()}, [])
 
 
-def check(cfg) -> None:
-    """``redq.sub_sample_len`` draws from the ensemble and leaves a critic out (torchrl would cap it silently)."""
-    n, m = cfg.redq.num_qvalue_nets, cfg.redq.sub_sample_len
-    if not m < n:
-        raise ConfigError(f"redq.sub_sample_len={m} is out of range; allowed: an integer from 1 to "
-                          f"redq.num_qvalue_nets - 1 = {n - 1}")
-
-
 def build(cfg, env) -> AlgoParts:
     obs_spec, action_spec = nets.specs(env)
     actor = nets.tanh_normal_actor(cfg.model, obs_spec, action_spec)
@@ -105,9 +100,23 @@ def build(cfg, env) -> AlgoParts:
     )
 
 
-ALGORITHM = Algorithm(
-    name="redq", discrete=False, smoke_env="Pendulum-v1", build=build, shape_keys=("redq.num_qvalue_nets",),
-    rules={"redq.alpha_init": Rule(min=1e-9), "redq.alpha_lr": Rule(min=1e-12),
-           "redq.num_qvalue_nets": Rule(min=2, integer=True), "redq.sub_sample_len": Rule(min=1, integer=True)},
-    check=check,
-)
+@dataclass
+class REDQConfig(nets.TemperatureConfig):
+    """REDQ's section"""
+
+    num_qvalue_nets: int = key(10, "N: critics in the ensemble", min=2, integer=True)
+    sub_sample_len: int = key(2, "M: critics drawn for each step's target minimum (at most num_qvalue_nets - 1)",
+                              min=1, integer=True)
+    alpha_lr: float = key(0.0003, "temperature learning rate", min=1e-12)
+
+    @staticmethod
+    def check(cfg) -> None:
+        """``redq.sub_sample_len`` draws from the ensemble and leaves a critic out (torchrl would cap it silently)."""
+        n, m = cfg.redq.num_qvalue_nets, cfg.redq.sub_sample_len
+        if not m < n:
+            raise ConfigError(f"redq.sub_sample_len={m} is out of range; allowed: an integer from 1 to "
+                              f"redq.num_qvalue_nets - 1 = {n - 1}")
+
+
+ALGORITHM = Algorithm(name="redq", discrete=False, smoke_env="Pendulum-v1", build=build, config=REDQConfig,
+                      shape_keys=("redq.num_qvalue_nets",))

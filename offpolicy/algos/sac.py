@@ -2,10 +2,11 @@
 networks with soft targets, an automatically tuned entropy temperature."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import DeterministicActor
-from shared.config import Rule
 
 
 def build(cfg, env) -> AlgoParts:
@@ -27,7 +28,9 @@ def build(cfg, env) -> AlgoParts:
     )
 
 
-ALGORITHM = Algorithm(
-    name="sac", discrete=False, smoke_env="Pendulum-v1", build=build,
-    rules={"sac.alpha_init": Rule(min=1e-9), "sac.alpha_lr": Rule(min=1e-12)},
-)
+@dataclass
+class SACConfig(nets.TemperatureConfig):
+    """SAC's section"""
+
+
+ALGORITHM = Algorithm(name="sac", discrete=False, smoke_env="Pendulum-v1", build=build, config=SACConfig)

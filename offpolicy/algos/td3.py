@@ -2,13 +2,15 @@
 Q networks, target policy smoothing, and the actor and the targets moving every ``td3.policy_delay`` critic steps."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torchrl.objectives import TD3Loss
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import noisy_policy
 from shared import compat
-from shared.config import Rule
+from shared.schema import key
 
 
 class FirstQTD3Loss(TD3Loss):
@@ -50,9 +52,14 @@ def build(cfg, env) -> AlgoParts:
     )
 
 
-ALGORITHM = Algorithm(
-    name="td3", discrete=False, smoke_env="Pendulum-v1", build=build,
-    renamed_keys={"td3.anneal_frames": "td3.anneal_env_steps"},
-    rules={**{f"td3.{k}": r for k, r in nets.NOISE_RULES.items()}, "td3.policy_delay": Rule(min=1, integer=True),
-           "td3.target_noise": Rule(min=0), "td3.noise_clip": Rule(min=0)},
-)
+@dataclass
+class TD3Config(nets.NoiseConfig):
+    """TD3's section"""
+
+    policy_delay: int = key(2, "actor and target updates every this many critic steps", min=1, integer=True)
+    target_noise: float = key(0.2, "target policy smoothing noise std, in units of half the action range (TD3 paper: "
+                                   "0.2 x max_action)", min=0)
+    noise_clip: float = key(0.5, "clip of the target smoothing noise, same units (0.5 x max_action)", min=0)
+
+
+ALGORITHM = Algorithm(name="td3", discrete=False, smoke_env="Pendulum-v1", build=build, config=TD3Config)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import psutil
 from omegaconf import DictConfig
 
+from offpolicy import prepare_process
 from offpolicy.algos import ALGOS
 from offpolicy.builder import Builder
-from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config
-from offpolicy.engines import engine_class, learner_threads
+from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config, reference
+from offpolicy.engines import engine_class
 from offpolicy.envs import eval_max_steps
 from offpolicy.run import optim_steps_per_batch
 from shared.config import ConfigError, help_text, run_cli
@@ -48,8 +49,9 @@ def transition_bytes(cfg: DictConfig) -> int:
 
     # one copy (the run's collector kind kept), a replay of one transition in memory: a row of it is what the
     # run's storage allocates per transition
+    lean = lean_collection(cfg, engine_class(cfg.engine).collects_on_cpu(cfg))
     one = OmegaConf.merge(cfg, {"env": {"num_envs": 1, "obs_norm": False}, "compile": {"enabled": False},
-                                "collector": {"lean": lean_collection(cfg)},
+                                "collector": {"lean": lean},
                                 "replay": {"size": 1, "storage": "memory"}})
     builder = Builder(one)
     env = builder.train_env()
@@ -71,10 +73,10 @@ def transition_bytes(cfg: DictConfig) -> int:
 
 def make_plan(cfg: DictConfig) -> dict:
     """The run's numbers; ``cfg`` is already validated by ``compose_config``."""
-    ray = cfg.engine == "ray"
-    threads = learner_threads(cfg)
-    collectors = cfg.ray.num_collectors if ray else 1
-    world_size = cfg.ray.world_size if ray else 1
+    engine = engine_class(cfg.engine)
+    threads = engine.learner_threads(cfg)
+    layout = engine.plan(cfg)
+    collectors, world_size = layout["collectors"], layout["learner_ranks"]
     envs = collectors * cfg.env.num_envs
     per_round = cfg.collector.env_steps_per_batch
     rounds = math.ceil(cfg.total_env_steps / per_round)
@@ -89,7 +91,7 @@ def make_plan(cfg: DictConfig) -> dict:
         "rounds": rounds, "env_steps_per_round": per_round, "env_steps_per_collector_round": per_round // collectors,
         "transitions": rounds * per_round, "transitions_per_env": rounds * per_round / envs,
         "prefill_env_steps": cfg.collector.prefill_env_steps, "prefill_rounds": prefill_rounds,
-        "learner_ranks": world_size, "learner_backend": cfg.ray.backend if ray else "local",
+        "learner_ranks": world_size, "learner_backend": layout["learner_backend"],
         "global_batch": cfg.optim.batch_size, "batch_per_rank": cfg.optim.batch_size // world_size,
         "optim_steps_per_round": steps, "optim_steps_total": (rounds - prefill_rounds) * steps,
         "utd_ratio": cfg.optim.utd_ratio, "replay_ratio": cfg.optim.batch_size * cfg.optim.utd_ratio,
@@ -100,9 +102,8 @@ def make_plan(cfg: DictConfig) -> dict:
         "eval_interval_env_steps": cfg.eval.interval_env_steps,
         "eval_episodes": cfg.eval.episodes, "eval_max_episode_steps": eval_max_steps(cfg),  # Atari: whole games
         "final_eval_episodes": cfg.eval.final_episodes, "backend": cfg.env.backend, "threads": threads,
-        "collector_cpus": cfg.ray.collector_cpus if ray else threads,
-        "collector_gpus": cfg.ray.collector_gpus if ray else 0, "learner_gpus": cfg.ray.learner_gpus if ray else 0,
-        "resources": engine_class(cfg.engine).resources(cfg),
+        "collector_cpus": layout["collector_cpus"], "collector_gpus": layout["collector_gpus"],
+        "learner_gpus": layout["learner_gpus"], "resources": layout["resources"], "ray_actors": layout["ray_actors"],
     }
     return plan
 
@@ -168,7 +169,7 @@ def predict(plan: dict, rates: dict, estimates: dict[str, Estimate] = ESTIMATES)
         used += ["nccl_bytes_per_s", "nccl_latency_s"] if nccl else ["gloo_bytes_per_s"]
     learn_s = plan["optim_steps_per_round"] * update_s
     overhead = 1.0
-    if plan["engine"] == "ray":
+    if plan["ray_actors"]:
         overhead = est["ray_round_factor"]
         used.append("ray_round_factor")
     parts = {"collect": collect_s, "replay_write": write_s, "learn": learn_s}
@@ -260,7 +261,7 @@ def describe(plan: dict) -> list[str]:
         f"evaluation: {p['evaluations']:,} times x {p['eval_episodes']} episodes of <= "
         f"{p['eval_max_episode_steps']:,} steps",
     ]
-    if p["engine"] == "ray":
+    if p["ray_actors"]:
         lines.append(f"Ray resources: {p['resources']['CPU']:g} CPUs, {p['resources']['GPU']:g} GPUs")
     return lines
 
@@ -268,7 +269,7 @@ def describe(plan: dict) -> list[str]:
 def main(argv: list[str]) -> int:
     """CLI: print the plan (exit 2 with one ``error:`` line when the config breaks an invariant)."""
     if any(a in ("-h", "--help", "help") for a in argv):
-        print(help_text(CONFIG_DIR, USAGE, ALIASES, GROUPS))
+        print(help_text(reference(), USAGE, ALIASES, GROUPS, CONFIG_DIR))
         return 0
     measure_rates = True
     if any(a.startswith("measure=") for a in argv):
@@ -277,6 +278,7 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"measure={value!r} is not allowed; allowed: true, false")
         measure_rates, argv = value == "true", [a for a in argv if not a.startswith("measure=")]
     cfg, _ = compose_config(argv)
+    prepare_process()  # before its parts are built and its rates measured, as in a training process
     plan = make_plan(cfg)
     print("\n".join(describe(plan)))
     if measure_rates:
