@@ -66,7 +66,7 @@ class Builder:
 
         cfg = self.cfg
         steps = cfg.collector.env_steps_per_batch if env_steps_per_batch is None else env_steps_per_batch
-        if lean_collection(cfg):
+        if lean_collection(cfg, policy_on_cpu=policy_device is None or policy_device.type == "cpu"):
             if self.compile.enabled and not isinstance(policy, ActsOnTensors):  # a tensor path runs eager
                 policy = torch.compile(policy, mode=cfg.compile.mode)
             return LeanCollector(cfg, env, policy, cfg.seed if seed is None else seed, envs.obs_norm_state(env), steps)

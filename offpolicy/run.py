@@ -18,7 +18,7 @@ from offpolicy.algos.base import AlgoParts
 from offpolicy.builder import Builder
 from offpolicy.checkpoint import Checkpoint
 from offpolicy.compiling import CompileChoice
-from offpolicy.engines import engine_class, learner_threads
+from offpolicy.engines import engine_class
 from offpolicy.engines.base import Engine, LearnerLost
 from offpolicy.envs import eval_max_steps, obs_norm_state
 from offpolicy.evaluate import AsyncEvaluator
@@ -42,11 +42,10 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
 
 
 def start_line(cfg: DictConfig, engine: Engine, compiled: CompileChoice, parts: AlgoParts, run_dir: Path,
-               progress: Progress, resumed: bool) -> str:
+               progress: Progress, resumed: bool, threads: int) -> str:
     """What a run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill, whether
-    the learner step is compiled and why, on how many threads, what the parts add (DQN's CNN precision), run
-    directory."""
-    threads = learner_threads(cfg)
+    the learner step is compiled and why, on how many (``threads``) threads, what the parts add (DQN's CNN precision),
+    run directory."""
     flushed = ("subnormals flushed" if denormals.every_thread_flushes() else
                "subnormals flushed on the main thread only (torch's threads started before this run)")
     return (f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser steps "
@@ -70,6 +69,8 @@ class Run:
         seed = resumed_seed(cfg.seed, progress.env_steps)  # a resumed run plays new episodes, not the first run's again
         builder = Builder(cfg)
         engine_cls = engine_class(cfg.engine)  # the one place where local or Ray is chosen
+        threads = engine_cls.learner_threads(cfg)
+        denormals.start_intra_op_threads(threads)  # before the run's first parallel op: they inherit FTZ
         spawns = engine_cls.spawned_children(cfg)
         if spawns is not None:  # before the first child: a script without a __main__ guard would start it again
             check_main_guard(f"offpolicy.train with {spawns}")
@@ -88,7 +89,7 @@ class Run:
                 checkpoint.restore(self.engine, parts.exploration, storage=cfg.replay.storage,
                                    version=progress.batches)
             print(start_line(cfg, self.engine, builder.compile, parts, self.run_dir, progress,
-                             resumed=checkpoint is not None), flush=True)
+                             resumed=checkpoint is not None, threads=threads), flush=True)
             self.logger = SharedLogger(make_logger(cfg.logger.backend, self.run_dir,
                                                    config=OmegaConf.to_container(cfg, resolve=True)))
             self.evaluator = AsyncEvaluator(

@@ -28,10 +28,10 @@ def test_auto_asks_about_the_learners_device(monkeypatch):
     from omegaconf import OmegaConf
 
     from offpolicy.algos import dqn
-    from offpolicy.engines import learner_device
+    from offpolicy.engines import engine_class
 
     def device(engine, backend):
-        return learner_device(OmegaConf.create({"engine": engine, "ray": {"backend": backend}}))
+        return engine_class(engine).learner_device(OmegaConf.create({"engine": engine, "ray": {"backend": backend}}))
 
     assert [device("local", "nccl"), device("ray", "gloo"), device("ray", "nccl")] == [
         torch.device("cpu"), torch.device("cpu"), torch.device("cuda")]

@@ -113,7 +113,9 @@ def test_where_the_lean_collector_applies():
     assert not lean_collection(cfg("env.num_envs=4", "env.vector=process"))
     assert not lean_collection(cfg("env.backend=envpool"))
     # each Ray collector actor steps its envs in its own process: lean too, unless its policy runs on a GPU
-    assert lean_collection(cfg("engine=ray")) and not lean_collection(cfg("engine=ray", "ray.collector_gpus=0.5"))
+    ray = engine_class("ray")
+    on_ray = cfg("engine=ray"), cfg("engine=ray", "ray.collector_gpus=0.5")
+    assert [lean_collection(c, ray.collects_on_cpu(c)) for c in on_ray] == [True, False]
     # the training process builds one torchrl copy (specs, observation statistics) unless torchrl's Collector steps all
     local = engine_class("local")
     assert local.training_env_copies(cfg("env.num_envs=4")) == 1

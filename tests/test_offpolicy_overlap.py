@@ -30,10 +30,11 @@ def _collector(seed=5, greedy=False, env=CARTPOLE):
     cfg, _ = compose_config(["algo=dqn", "profile=smoke", *env, "collector.overlap=true"])
     torch.manual_seed(0)
     env = make_train_env(cfg)
-    parts = Builder(cfg).parts(env)
+    builder = Builder(cfg)
+    parts = builder.parts(env)
     if greedy:  # epsilon 0 (it travels with the weights): the actions show which weights acted
         parts.exploration.eps.fill_(0.0)
-    collector = BackgroundCollector(cfg, parts.collect_policy, seed, obs_norm_state(env))
+    collector = BackgroundCollector(builder, parts.collect_policy, seed, obs_norm_state(env))
     env.close()
     return parts, collector
 
@@ -214,9 +215,10 @@ def test_a_failing_child_reports_its_error():
     cfg, _ = compose_config(["algo=dqn", "env=CartPole-v1", "profile=smoke", "collector.overlap=true",
                              "env.obs_norm=true"])
     env = make_train_env(cfg)
-    parts = Builder(cfg).parts(env)
+    builder = Builder(cfg)
+    parts = builder.parts(env)
     env.close()
-    collector = BackgroundCollector(cfg, parts.collect_policy, 0, {"loc": torch.zeros(7), "scale": torch.ones(7)})
+    collector = BackgroundCollector(builder, parts.collect_policy, 0, {"loc": torch.zeros(7), "scale": torch.ones(7)})
     try:
         with pytest.raises(CollectorLost, match=r"^the background collector failed: \w+Error"):
             next(iter(collector))

@@ -161,7 +161,7 @@ PLAN = {"envs_per_collector": 100, "env_steps_per_collector_round": 1000, "env_s
         "prefill_rounds": 2, "optim_steps_per_round": 50, "evaluations": 2, "eval_episodes": 3,
         "final_eval_episodes": 1, "eval_max_episode_steps": 200, "eval_interval_env_steps": 5000, "learner_ranks": 1, "learner_backend": "local",
         "engine": "local", "backend": "gymnasium", "collector_cpus": 2, "collector_gpus": 0, "learner_gpus": 0,
-        "collector_overlap": False}
+        "collector_overlap": False, "ray_actors": False}
 RATES = {"collector_batch": 100, "collector_step_s": 0.01, "policy_forward_s": 0.002, "replay_write_s": 1e-5,
          "update_s": 0.02, "eval_step_s": 0.001, "setup_s": 1.5, "matmul_flops": 1e11, "threads": 1, "cores": 2,
          "param_bytes": 1_000_000}
@@ -189,8 +189,8 @@ def test_prediction_scales_absent_hardware_by_stated_factors():
     from offpolicy.tools.plan import ESTIMATES, H200_FP32_FLOPS, predict
 
     plan = {**PLAN, "envs_per_collector": 25_000, "env_steps_per_collector_round": 25_000,
-            "env_steps_per_round": 100_000, "engine": "ray", "backend": "envpool", "collector_cpus": 8,
-            "collector_gpus": 1, "learner_gpus": 1, "learner_ranks": 4, "learner_backend": "nccl"}
+            "env_steps_per_round": 100_000, "engine": "ray", "ray_actors": True, "backend": "envpool",
+            "collector_cpus": 8, "collector_gpus": 1, "learner_gpus": 1, "learner_ranks": 4, "learner_backend": "nccl"}
     t = predict(plan, RATES)
     e = {k: v.value for k, v in ESTIMATES.items()}
     gpu = e["gpu_utilisation"] * H200_FP32_FLOPS / RATES["matmul_flops"]

@@ -9,12 +9,12 @@ import torch
 from offpolicy_helpers import run_cli, train_inprocess
 
 from offpolicy.config import compose_config
-from offpolicy.engines import learner_threads
+from offpolicy.engines import engine_class
 
 
 def _threads(*overrides: str) -> int:
     cfg, _ = compose_config(["algo=td3", *overrides])
-    return learner_threads(cfg)
+    return engine_class(cfg.engine).learner_threads(cfg)
 
 
 def test_the_default_is_auto():

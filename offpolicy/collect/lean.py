@@ -26,21 +26,20 @@ from offpolicy.algos.base import ActsOnTensors, DrawsAhead
 from shared.env_guard import make_gym
 
 
-def lean_collection(cfg: DictConfig) -> bool:
+def lean_collection(cfg: DictConfig, policy_on_cpu: bool = True) -> bool:
     """Whether a collector (the local engine's, or each Ray collector actor's) is a :class:`LeanCollector`:
     ``collector.lean``, a Gymnasium state-vector env stepped in the collector's process, and the policy on the CPU
-    (a Ray collector with a GPU runs torchrl's Collector)."""
+    (``policy_on_cpu``, the engine's answer: a Ray collector with a GPU runs torchrl's Collector)."""
     return bool(cfg.collector.lean and cfg.env.backend == "gymnasium"
                 and cfg.env.kind == "gymnasium" and not cfg.env.from_pixels
-                and (cfg.env.num_envs == 1 or cfg.env.vector == "serial")
-                and (cfg.engine == "local" or not cfg.ray.collector_gpus))
+                and (cfg.env.num_envs == 1 or cfg.env.vector == "serial") and policy_on_cpu)
 
 
-def torchrl_env_copies(cfg: DictConfig) -> int:
+def torchrl_env_copies(cfg: DictConfig, policy_on_cpu: bool = True) -> int:
     """The torchrl training env copies a collector needs: all ``env.num_envs`` when torchrl's Collector steps them;
     one when our lean collector steps Gymnasium copies of its own (it reads only the torchrl env's specs and
     observation statistics)."""
-    return 1 if lean_collection(cfg) else cfg.env.num_envs
+    return 1 if lean_collection(cfg, policy_on_cpu) else cfg.env.num_envs
 
 
 class LeanCollector:

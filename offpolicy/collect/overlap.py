@@ -26,7 +26,6 @@ import traceback
 
 import torch
 import torch.multiprocessing as mp
-from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDict
 
 from shared.env_guard import EnvFault
@@ -38,21 +37,18 @@ class CollectorLost(RuntimeError):
     """The background collector process died, failed, or was stopped for sending nothing."""
 
 
-def _collect(cfg: dict, policy, slot: TensorDict, seed: int, obs_norm: dict | None, orders, batches) -> None:
-    """The child: the run's collector over its own copy of ``policy`` and its own training envs; per order (a policy version) the slot's
-    weights into the policy and one batch back; ``None``, or the parent gone, ends it. A failure goes back as its
-    traceback text."""
+def _collect(builder, policy, slot: TensorDict, seed: int, obs_norm: dict | None, orders, batches) -> None:
+    """The child: the run's collector, made by the run's ``builder`` (offpolicy/builder.py), over its own copy of
+    ``policy`` and its own training envs; per order (a policy version) the slot's weights into the policy and one
+    batch back; ``None``, or the parent gone, ends it. A failure goes back as its traceback text."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into a stop, then ends this process
     torch.set_num_threads(1)
     torch.manual_seed(seed)  # the exploration's draws: the same run again collects the same batches
     batches.cancel_join_thread()  # exiting never waits for a batch the parent no longer reads
-    from offpolicy.builder import Builder
     from offpolicy.collect.lean import torchrl_env_copies
 
     try:
-        cfg = OmegaConf.create(cfg)
-        builder = Builder(cfg)
-        env = builder.train_env(obs_norm, seed=seed, num_envs=torchrl_env_copies(cfg))
+        env = builder.train_env(obs_norm, seed=seed, num_envs=torchrl_env_copies(builder.cfg))
         collector = builder.collector(env, policy, seed)
         rounds, parent = iter(collector), multiprocessing.parent_process()
         while True:
@@ -78,11 +74,12 @@ class BackgroundCollector:
     """The local engine's collector in a child process, one batch ahead; offers what the engine uses of a
     collector: iteration, ``update_policy_weights_()`` (one version more), ``policy_version``,
     ``policy_version_tracker.version`` (set on resume) and ``shutdown()``. ``seed`` seeds the env copies as the lean
-    collector in this process would, and the child's torch draws; ``obs_norm``: the run's observation statistics.
-    A batch this process has waited ``timeout_s`` (``collector.overlap_timeout_s``) for stops the child (the first
-    wait includes the child's start)."""
+    collector in this process would, and the child's torch draws; ``obs_norm``: the run's observation statistics;
+    ``builder``: the run's (:class:`~offpolicy.builder.Builder`, sent to the child, which builds its env and collector
+    with it). A batch this process has waited ``timeout_s`` (``collector.overlap_timeout_s``) for stops the child
+    (the first wait includes the child's start)."""
 
-    def __init__(self, cfg: DictConfig, policy, seed: int, obs_norm: dict | None):
+    def __init__(self, builder, policy, seed: int, obs_norm: dict | None):
         ctx = mp.get_context("spawn")
         self.policy = policy
         self.slot = TensorDict.from_module(policy).data.clone().share_memory_()
@@ -90,10 +87,10 @@ class BackgroundCollector:
         self.process = ctx.Process(target=_collect, name="offpolicy-collector", daemon=True,
                                    # a copy: torch shares what it sends to a child, so the live weights would be
                                    # the child's too
-                                   args=(OmegaConf.to_container(cfg, resolve=True), copy.deepcopy(policy), self.slot,
-                                         seed, obs_norm, self.orders, self.batches))
+                                   args=(builder, copy.deepcopy(policy), self.slot, seed, obs_norm, self.orders,
+                                         self.batches))
         self.process.start()
-        self.timeout_s = float(cfg.collector.overlap_timeout_s)
+        self.timeout_s = float(builder.cfg.collector.overlap_timeout_s)
         self.ordered_at = time.monotonic()  # when the batch in flight was ordered
         self.version = 0
         self.in_flight = False  # the first batch is ordered by the first __next__, after a resume has set weights

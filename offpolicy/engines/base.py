@@ -1,10 +1,11 @@
 """The seam between the training loop and where its parts run, and nothing else: the interface an engine offers.
 
 An engine owns the collector(s), the replay buffer and the learner; the loop (offpolicy/loop.py) only calls the
-instance methods below, the same way for every engine. Before an engine exists, the config check, the entry point and
-the planner ask its class what it needs (:meth:`Engine.check_config`, :meth:`Engine.resources`,
-:meth:`Engine.training_env_copies`, :meth:`Engine.describe_failure`); none of them imports an engine module
-(offpolicy/engines/__init__.py finds the class by name).
+instance methods below, the same way for every engine. Before an engine exists, the config check, the entry point,
+the collector and the planner ask its class what differs by engine (its checked config, the learner's threads and
+device, how many collectors share a batch, whether a collector's policy runs on the CPU, what the planner models);
+none of them compares the engine's name or imports an engine module (offpolicy/engines/__init__.py finds the class by
+name).
 
 Local (engines/local.py) runs everything in this process; Ray (engines/ray.py) runs collector actors that write into
 a replay actor, and learner ranks that average their gradients with torch.distributed.
@@ -14,9 +15,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Callable
 
+import torch
 from omegaconf import DictConfig
 
 from offpolicy.collect.statistics import Rollout
+from shared.config import ConfigError
 
 
 class LearnerLost(RuntimeError):
@@ -28,10 +31,59 @@ class Engine(ABC):
     :class:`~offpolicy.builder.Builder`, the training env, the algorithm's parts, the run directory and the env seed."""
 
     policy_lag = 0  # rounds the collected transitions lag behind the publications: round k carries version k - lag
+    # the replay buffer lives in the training process and each env's transitions reach it in order (what
+    # ``replay.frames_once`` needs to rebuild frame stacks from one stream per env)
+    replay_in_process = True
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
+        """Raise a ConfigError (one line: the key and what is allowed) for a setting this engine cannot run. This one
+        checks what any engine's learner must offer (CUDA graphs: one CUDA learner); an engine adds its own checks
+        after calling it."""
+        if cfg.compile.cudagraphs and not (cfg.compile.enabled is True and cls.learner_device(cfg).type == "cuda"
+                                           and cls.learner_ranks(cfg) == 1):
+            raise ConfigError("compile.cudagraphs=true is not allowed here; allowed: with compile.enabled=true on a "
+                              "CUDA learner (engine=ray ray.backend=nccl ray.world_size=1)")
+
+    @classmethod
+    def learner_threads(cls, cfg: DictConfig) -> int:
+        """torch intra-op threads of this run's learner (``threads``): a number as given; ``auto`` (the default) every
+        core the learner can have (:meth:`learner_cores`): more threads make the learner step faster, never slower
+        (docs/results.md)."""
+        return cfg.threads if cfg.threads != "auto" else cls.learner_cores(cfg)
 
     @staticmethod
-    def check_config(cfg: DictConfig) -> None:
-        """Raise a ConfigError (one line: the key and what is allowed) for a setting this engine cannot run."""
+    @abstractmethod
+    def learner_cores(cfg: DictConfig) -> int:
+        """The CPU cores a learner (each learner rank) of this engine can have, at least one."""
+
+    @staticmethod
+    @abstractmethod
+    def learner_device(cfg: DictConfig) -> torch.device:
+        """The device the learner computes on."""
+
+    @staticmethod
+    @abstractmethod
+    def learner_ranks(cfg: DictConfig) -> int:
+        """Learners that share each optimiser step (each samples its share of ``optim.batch_size``)."""
+
+    @staticmethod
+    @abstractmethod
+    def collectors(cfg: DictConfig) -> int:
+        """Collectors that share each batch of ``collector.env_steps_per_batch`` transitions, each stepping
+        ``env.num_envs`` envs."""
+
+    @staticmethod
+    @abstractmethod
+    def collects_on_cpu(cfg: DictConfig) -> bool:
+        """Whether a collector's policy runs on the CPU (the lean collector needs it)."""
+
+    @staticmethod
+    @abstractmethod
+    def plan(cfg: DictConfig) -> dict:
+        """What the planner (offpolicy/tools/plan.py) models of where the parts run: ``collectors``,
+        ``learner_ranks``, ``learner_backend``, ``collector_cpus``, ``collector_gpus``, ``learner_gpus``, ``resources``
+        (:meth:`resources`) and ``ray_actors`` (whether the parts are Ray actors, whose messaging each round pays)."""
 
     @staticmethod
     @abstractmethod

@@ -2,14 +2,15 @@
 ``Collector``, a torchrl replay buffer, and :class:`offpolicy.learner.Learner`, all from the run's builder)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
 from offpolicy.algos import AlgoParts
 from offpolicy.collect.overlap import BackgroundCollector, CollectorLost
 from offpolicy.collect.statistics import Rollout, RolloutStats, next_batch
-from offpolicy.engines import learner_threads
 from offpolicy.engines.base import Engine
 from offpolicy.envs import obs_norm_state, reported_env_fault
 from offpolicy.replay import ReplayJournal, journal_dir, replay_scratch_dir, replay_state, restore_replay
@@ -22,14 +23,45 @@ class LocalEngine(Engine):
     caller with ``seed``), so publishing only bumps its policy version; with ``collector.overlap`` the lean collector
     runs in a child process one batch ahead, on weights handed over with each order (offpolicy/collect/overlap.py)."""
 
-    @staticmethod
-    def resources(cfg: DictConfig) -> dict[str, float]:
-        return {"CPU": float(learner_threads(cfg)), "GPU": 0.0}
+    @classmethod
+    def resources(cls, cfg: DictConfig) -> dict[str, float]:
+        return {"CPU": float(cls.learner_threads(cfg)), "GPU": 0.0}
 
     @staticmethod
-    def check_config(cfg: DictConfig) -> None:
+    def learner_cores(cfg: DictConfig) -> int:
+        """The CPUs this process may run on (``OMP_NUM_THREADS`` where set, as torch itself honours it), less one with
+        ``collector.overlap`` (its child process collects on that core)."""
+        omp = os.environ.get("OMP_NUM_THREADS", "")
+        cores = int(omp) if omp.isdigit() and int(omp) > 0 else len(os.sched_getaffinity(0))
+        return max(1, cores - (1 if cfg.collector.overlap else 0))
+
+    @staticmethod
+    def learner_device(cfg: DictConfig) -> torch.device:
+        return torch.device("cpu")
+
+    @staticmethod
+    def learner_ranks(cfg: DictConfig) -> int:
+        return 1
+
+    @staticmethod
+    def collectors(cfg: DictConfig) -> int:
+        return 1
+
+    @staticmethod
+    def collects_on_cpu(cfg: DictConfig) -> bool:
+        return True
+
+    @classmethod
+    def plan(cls, cfg: DictConfig) -> dict:
+        threads = cls.learner_threads(cfg)  # the collector shares the learner's process (or the core it left free)
+        return {"collectors": 1, "learner_ranks": 1, "learner_backend": "local", "collector_cpus": threads,
+                "collector_gpus": 0, "learner_gpus": 0, "resources": cls.resources(cfg), "ray_actors": False}
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
         from offpolicy.collect.lean import lean_collection
 
+        super().check_config(cfg)
         if cfg.collector.overlap and not (lean_collection(cfg) or cfg.env.kind == "atari"):
             raise ConfigError("collector.overlap=true is not allowed here; allowed: with the lean collector "
                               "(collector.lean=true and a Gymnasium state-vector env stepped in this process) or an "
@@ -61,7 +93,7 @@ class LocalEngine(Engine):
         self.run_dir = run_dir
         self.env = env
         if cfg.collector.overlap:  # the lean collector in a child process, one batch ahead (collect/overlap.py)
-            self.collector = BackgroundCollector(cfg, parts.collect_policy, seed, obs_norm_state(env))
+            self.collector = BackgroundCollector(builder, parts.collect_policy, seed, obs_norm_state(env))
             self.policy_lag = 1
         else:
             self.collector = builder.collector(env, parts.collect_policy, seed)

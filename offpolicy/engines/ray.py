@@ -32,7 +32,6 @@ from tensordict import TensorDict
 from offpolicy.algos import AlgoParts
 from offpolicy.builder import Builder
 from offpolicy.collect.statistics import Rollout
-from offpolicy.engines import learner_device, learner_threads
 from offpolicy.engines.base import Engine, LearnerLost
 from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted, ShareReplayBuffer
 from offpolicy.envs import obs_norm_state
@@ -99,10 +98,11 @@ class LearnerRank:
 
     def __init__(self, cfg: dict, specs: Specs, replay, rank: int, world_size: int, seed: int):
         cfg = OmegaConf.create(cfg)
-        denormals.start_intra_op_threads(learner_threads(cfg))  # Ray starts an actor with one thread per reserved CPU
+        # Ray starts an actor with one thread per reserved CPU
+        denormals.start_intra_op_threads(RayEngine.learner_threads(cfg))
         torch.manual_seed(cfg.seed)  # the same initial networks on every rank
         self.rank, self.world_size = rank, world_size
-        self.device = learner_device(cfg)
+        self.device = RayEngine.learner_device(cfg)
         builder = Builder(cfg)
         self.parts: AlgoParts = builder.parts(specs)
         self.parts.loss.to(self.device)
@@ -190,9 +190,12 @@ class RayEngine(Engine):
     """Collector actors, a replay actor and learner ranks on Ray; the driver keeps the collection policy (and its
     exploration state) and the evaluation policy, refreshed from rank 0 after every round."""
 
-    @staticmethod
-    def check_config(cfg: DictConfig) -> None:
+    replay_in_process = False  # a replay actor, written by every collector actor
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
         """What the Ray engine needs on top of the local checks."""
+        super().check_config(cfg)
         ray_cfg = cfg.ray
         if cfg.collector.overlap:
             raise ConfigError("collector.overlap=true is not allowed with engine=ray; allowed: false (the Ray "
@@ -226,6 +229,36 @@ class RayEngine(Engine):
         r = cfg.ray
         return {"CPU": r.num_collectors * r.collector_cpus + r.world_size * r.learner_cpus,
                 "GPU": r.num_collectors * r.collector_gpus + r.world_size * r.learner_gpus}
+
+    @staticmethod
+    def learner_cores(cfg: DictConfig) -> int:
+        """The CPUs Ray reserves for each rank (``ray.learner_cpus``)."""
+        return max(1, int(cfg.ray.learner_cpus))
+
+    @staticmethod
+    def learner_device(cfg: DictConfig) -> torch.device:
+        """CUDA with ``ray.backend=nccl`` (one GPU per rank), the CPU with Gloo."""
+        return torch.device("cuda" if cfg.ray.backend == "nccl" else "cpu")
+
+    @staticmethod
+    def learner_ranks(cfg: DictConfig) -> int:
+        return cfg.ray.world_size
+
+    @staticmethod
+    def collectors(cfg: DictConfig) -> int:
+        return cfg.ray.num_collectors
+
+    @staticmethod
+    def collects_on_cpu(cfg: DictConfig) -> bool:
+        """Unless the collector actors have GPUs (``ray.collector_gpus``): then their policy runs there."""
+        return not cfg.ray.collector_gpus
+
+    @classmethod
+    def plan(cls, cfg: DictConfig) -> dict:
+        r = cfg.ray
+        return {"collectors": r.num_collectors, "learner_ranks": r.world_size, "learner_backend": r.backend,
+                "collector_cpus": r.collector_cpus, "collector_gpus": r.collector_gpus,
+                "learner_gpus": r.learner_gpus, "resources": cls.resources(cfg), "ray_actors": True}
 
     @staticmethod
     def training_env_copies(cfg: DictConfig) -> int:

@@ -70,7 +70,8 @@ class CollectorActor:
         device = torch.device("cuda") if cfg.ray.collector_gpus else None  # then torchrl's Collector (lean: CPU)
         self.policy = policy.to(device) if device is not None else policy
         share = cfg.collector.env_steps_per_batch // cfg.ray.num_collectors
-        self.env = env = builder.train_env(obs_norm, seed=first_seed, num_envs=torchrl_env_copies(cfg))
+        self.env = env = builder.train_env(obs_norm, seed=first_seed,
+                                           num_envs=torchrl_env_copies(cfg, policy_on_cpu=device is None))
         self.collector = builder.collector(env, self.policy, first_seed, env_steps_per_batch=share,
                                            policy_device=device)
         self.replay, self.slot = replay, slot

@@ -90,15 +90,15 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
 
     from offpolicy.builder import Builder
     from offpolicy.collect.statistics import for_replay
-    from offpolicy.engines import learner_threads
+    from offpolicy.engines import engine_class
     from offpolicy.learner import SAMPLE_CHUNK
 
-    threads = learner_threads(cfg)
+    engine = engine_class(cfg.engine)
+    threads = engine.learner_threads(cfg)
     torch.set_num_threads(threads)
     rates = Rates(threads=threads, cores=os.cpu_count() or 1, matmul_flops=matmul_flops())
     n = min(cfg.env.num_envs, MAX_MEASURED_ENVS)
-    ray = cfg.engine == "ray"
-    world, collectors = (cfg.ray.world_size, cfg.ray.num_collectors) if ray else (1, 1)
+    world, collectors = engine.learner_ranks(cfg), engine.collectors(cfg)
     per_rank = cfg.optim.batch_size // world
     round_size = cfg.collector.env_steps_per_batch
     t = max(min(round_size // collectors // cfg.env.num_envs, MAX_BATCH_STEPS), 1)  # steps per measured batch
