@@ -493,6 +493,8 @@ def write_reference() -> list[str]:
     from shared.export import ExportConfig, export_header
 
     composed = {a: OmegaConf.to_container(compose_config([f"algo={a}"])[0]) for a in ALGOS}
+    for config in composed.values():
+        config["env"]["kind"] = None  # derived from env.name, not a default of its own
     docs = CONFIG_ROOT.parent / "docs" / "config.md"
     text = schema.replace_block(docs.read_text(), "offpolicy", schema.to_markdown(OffPolicyConfig, composed))
     sections = "".join(f"\n`{name}` ({algo.config.__doc__.strip()}; `configs/offpolicy/algo/{name}.yaml` sets the "

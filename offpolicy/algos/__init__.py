@@ -1,6 +1,7 @@
 """The off-policy algorithms, one module each (``dqn``, ``sac``, ``td3``, ``ddpg``, ``crossq``, ``redq``), found by
-name. Each module declares ``ALGORITHM`` (base.py: name, action-space kind, config rules, smoke env, builder); its
-config file is ``configs/offpolicy/algo/<name>.yaml``. Adding an algorithm is adding those two files.
+name. Each module declares ``ALGORITHM`` (base.py: name, action-space kind, config section, smoke env, builder); its
+config file ``configs/offpolicy/algo/<name>.yaml`` sets the common keys it changes. Adding an algorithm is adding
+those two files.
 
 Where the parts run (in this process or on Ray) is the engine's job (offpolicy/engines/).
 """
