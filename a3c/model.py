@@ -10,6 +10,8 @@ from shared.atari import AtariSettings
 from shared.checkpoint import load_checkpoint
 from shared.models import AtariActorCritic
 
+FORMAT_VERSION = 1  # of an a3c.train checkpoint; a file without one is version 0, the same layout (no migration)
+
 
 def build_model(cfg, num_actions: int) -> AtariActorCritic:
     """The actor-critic described by a run config."""
@@ -22,7 +24,7 @@ def read_checkpoint(path: str | Path) -> dict:
     """A checkpoint of ``a3c.train`` given as ``checkpoint=path``; anything wrong with the file is one ConfigError
     naming ``checkpoint``."""
     return load_checkpoint(path, key="checkpoint", required=("model", "config", "num_actions", "counters"),
-                           written_by="a3c.train")
+                           written_by="a3c.train", format_version=FORMAT_VERSION)
 
 
 def checkpoint_model(ckpt: dict) -> tuple[DictConfig, AtariActorCritic]:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from a3c.config import ALIASES, compose_config, config_help
-from a3c.model import build_model
+from a3c.model import FORMAT_VERSION, build_model
 from a3c.optim import make_shared_optimizer
 from a3c.stats import SharedStats
 from a3c.supervisor import WorkerFailure, WorkerPool
@@ -52,6 +52,7 @@ class StopRequest:
 def save(path: Path, model, optimizer, stats: SharedStats, cfg, num_actions: int) -> None:
     counts = stats.snapshot()
     save_checkpoint(path, {
+        "format_version": FORMAT_VERSION,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "counters": {"frames": counts["frames"], "updates": counts["updates"], "episodes": counts["episodes"]},
@@ -68,7 +69,8 @@ def compose_run(argv: list[str]) -> tuple[DictConfig, dict | None]:
     is the base)."""
     overrides = parse_overrides(argv, ALIASES)  # once: both the checkpoint to resume and the config come from it
     resume = overrides.get("resume")
-    ckpt = load_checkpoint(resume, key="resume", required=CHECKPOINT_KEYS, written_by="a3c.train") if resume else None
+    ckpt = load_checkpoint(resume, key="resume", required=CHECKPOINT_KEYS, written_by="a3c.train",
+                           format_version=FORMAT_VERSION) if resume else None
     return compose_config(overrides, base=resumed_config(ckpt["config"], resume) if ckpt else None), ckpt
 
 

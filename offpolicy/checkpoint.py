@@ -1,27 +1,23 @@
 """The off-policy checkpoint, one object for both engines: what a checkpoint holds, how it is written (atomically, at a
-round boundary), read (``weights_only``; older files brought to today's key names), checked against the config that
-resumes it, and restored into a new run's parts."""
+round boundary, with its :data:`FORMAT_VERSION`), read (``weights_only``; a file of an older format brought to the
+current one by :data:`MIGRATIONS`, the only place that knows older layouts), checked against the config that resumes
+it, and restored into a new run's parts."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from offpolicy.algos import ALGOS, RENAMED_KEYS, algorithm
+from offpolicy.algos import algorithm
 from offpolicy.replay import replay_scratch_dir
 from shared.checkpoint import load_checkpoint, resumed_config, save_checkpoint
 from shared.config import ConfigError, check_kept_on_resume
 from shared.envs import env_kind
 
-# "frames" means emulator frames in both engines; off-policy counts env steps (transitions), named so since 0.2. The
-# old off-policy names stay accepted, on the command line and in the config of a resumed older checkpoint.
-RENAMED = {"total_frames": "total_env_steps", "collector.frames_per_batch": "collector.env_steps_per_batch",
-           "collector.prefill_frames": "collector.prefill_env_steps", "eval.interval_frames": "eval.interval_env_steps",
-           **RENAMED_KEYS}
-# keys newer than some checkpoints, with what those runs used: a resume keeps them (a profile file's value today
-# would change the resumed run's recipe)
-ADDED_KEYS = {"loss.n_steps": 1, "replay.frames_once": False}  # (an algorithm's own: Algorithm.added_keys)
+FORMAT_VERSION = 1  # written into every checkpoint; a file without one is version 0
+
 # what the checkpoint's networks and optimisers were built for: a resume cannot change them
 # (env.obs_norm: the networks learned on raw or on standardised inputs; loss.value_estimator: the loss's state keys)
 SHAPE_KEYS = ("model.hidden", "model.activation", "env.name", "env.from_pixels", "env.image_size",
@@ -44,11 +40,12 @@ class Checkpoint:
     @classmethod
     def read(cls, path: str | Path, key: str = "resume") -> "Checkpoint":
         """Load ``path`` (given as ``key=``); anything wrong with the file is one ConfigError naming ``key``."""
-        state = load_checkpoint(path, key=key, required=cls.KEYS, written_by="offpolicy.train")
+        state = migrate(load_checkpoint(path, key=key, required=cls.KEYS, written_by="offpolicy.train",
+                                        format_version=FORMAT_VERSION))
         if state.get("broken"):
             raise ConfigError(f"{key}={str(path)!r} is the state at a broken invariant ({state['broken']}), kept for "
                               "inspection; allowed: the run's checkpoints/last.pt (its last whole round)")
-        return cls(state, resumed_config(current_keys(state["config"]), path))
+        return cls(state, resumed_config(state["config"], path))
 
     @property
     def counters(self) -> dict:
@@ -65,6 +62,7 @@ class Checkpoint:
         ``broken``: the invariant the state broke (such a file is for inspection; :meth:`read` refuses it)."""
         keep_replay = cfg.replay.in_checkpoint or cfg.replay.storage == "memmap"
         state = {
+            "format_version": FORMAT_VERSION,
             "broken": broken,
             "config": OmegaConf.to_container(cfg, resolve=True),
             "counters": counters,
@@ -123,20 +121,48 @@ class Checkpoint:
         torch.set_rng_state(state["rng"])
 
 
-def current_keys(config: dict) -> dict:
-    """``config`` (a checkpoint's) with the keys of :data:`RENAMED` under their current names and the keys added
-    since it was written (:data:`ADDED_KEYS`) at the values it ran with (``env.kind``, newer than some checkpoints too,
-    read off the env's name as a composed config reads it)."""
-    config = OmegaConf.create(config)
-    for old, new in RENAMED.items():
+def migrate(state: dict) -> dict:
+    """``state`` (a checkpoint's, of any format up to :data:`FORMAT_VERSION`) in the current format: each migration
+    from its version on applied in turn. The rest of the code reads the current format only."""
+    version = state.get("format_version", 0)
+    for step in MIGRATIONS[version:]:
+        state = step(state)
+    return {**state, "format_version": FORMAT_VERSION}
+
+
+# Version 0 (no format_version) named the off-policy counts of env steps "frames" (as A3C's emulator frames), and
+# lacked keys added since. Its runs used the values below for those keys: a resume keeps them, where a profile's value
+# today would change the resumed run's recipe. These tables are version 0's layout, fixed: new keys and renames go into
+# a new version's migration.
+V0_RENAMED = {"total_frames": "total_env_steps", "collector.frames_per_batch": "collector.env_steps_per_batch",
+              "collector.prefill_frames": "collector.prefill_env_steps",
+              "eval.interval_frames": "eval.interval_env_steps", "dqn.eps_anneal_frames": "dqn.eps_anneal_env_steps",
+              "ddpg.anneal_frames": "ddpg.anneal_env_steps", "td3.anneal_frames": "td3.anneal_env_steps"}
+V0_ADDED = {"loss.n_steps": 1, "replay.frames_once": False, "dqn.dueling": False, "dqn.conv_precision": "float32"}
+
+
+def _from_version_0(state: dict) -> dict:
+    """Version 0 -> 1: the config's renamed keys under their current names, the added keys at the values those runs
+    used (``env.kind`` read off the env's name as a composed config reads it; an algorithm's keys only in its own
+    section), the counters' ``collected_frames`` as ``env_steps`` and ``stop_return_reached`` (None: not reached)."""
+    config = OmegaConf.create(state["config"])
+    for old, new in V0_RENAMED.items():
         if OmegaConf.select(config, old) is not None:
             OmegaConf.update(config, new, OmegaConf.select(config, old))
             parent, _, leaf = old.rpartition(".")
             del (OmegaConf.select(config, parent) if parent else config)[leaf]
     if OmegaConf.select(config, "env.kind") is None:
         config.env.kind = env_kind(config.env.name)
-    own = algorithm(config["algo"]).added_keys if config.get("algo") in ALGOS else {}
-    for key, value in {**ADDED_KEYS, **own}.items():
-        if OmegaConf.select(config, key) is None:
+    for key, value in V0_ADDED.items():
+        section = key.partition(".")[0]
+        if OmegaConf.select(config, key) is None and (section in ("loss", "replay") or section == config.get("algo")):
             OmegaConf.update(config, key, value)
-    return OmegaConf.to_container(config)
+    counters = dict(state["counters"])
+    if "collected_frames" in counters:
+        counters["env_steps"] = counters.pop("collected_frames")
+    counters.setdefault("stop_return_reached", None)
+    return {**state, "config": OmegaConf.to_container(config), "counters": counters}
+
+
+# MIGRATIONS[v]: a checkpoint of format version v -> version v + 1
+MIGRATIONS: tuple[Callable[[dict], dict], ...] = (_from_version_0,)

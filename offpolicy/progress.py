@@ -36,9 +36,9 @@ class Progress:
 
     @classmethod
     def from_state(cls, state: dict | None) -> "Progress":
+        """The counters of :meth:`state_dict` (a checkpoint's, in the current format); None: a new run's."""
         if not state:
             return cls()
-        env_steps = state["env_steps"] if "env_steps" in state else state["collected_frames"]  # the pre-0.2 name
-        return cls(env_steps=env_steps, optim_steps=state["optim_steps"], batches=state["batches"],
+        return cls(env_steps=state["env_steps"], optim_steps=state["optim_steps"], batches=state["batches"],
                    episodes=state["episodes"], start_elapsed_s=state["elapsed_s"],
-                   stop_return_reached=state.get("stop_return_reached"))  # absent before 2026-12-05
+                   stop_return_reached=state["stop_return_reached"])

@@ -27,11 +27,13 @@ def resumed_seed(seed: int, frames: int) -> int:
 
 
 def load_checkpoint(path: str | Path, *, key: str = "resume", required: tuple[str, ...] = (),
-                    written_by: str = "this entry point") -> dict[str, Any]:
+                    written_by: str = "this entry point", format_version: int | None = None) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True`` (tensors, containers and plain Python values only).
 
-    Whatever is wrong with the file (missing, a directory, unreadable, not a checkpoint, truncated, or lacking the
-    ``required`` top-level keys, as a checkpoint of the other engine does) is one ConfigError naming ``key``.
+    Whatever is wrong with the file (missing, a directory, unreadable, not a checkpoint, truncated, lacking the
+    ``required`` top-level keys, as a checkpoint of the other engine does, or, given the reader's ``format_version``,
+    of a newer format, written by newer code) is one ConfigError naming ``key``. A file without ``format_version`` is
+    version 0; the caller brings an older format to its own.
     """
     from shared.config import ConfigError
 
@@ -53,6 +55,11 @@ def load_checkpoint(path: str | Path, *, key: str = "resume", required: tuple[st
     if missing:
         raise ConfigError(f"{where} is not a checkpoint of {written_by} (it lacks {', '.join(missing)}); allowed: "
                           f"a checkpoint written by {written_by}")
+    version = state.get("format_version", 0)
+    if format_version is not None and not (isinstance(version, int) and 0 <= version <= format_version):
+        raise ConfigError(f"{where} has checkpoint format version {version!r}, which this code does not read (newer "
+                          f"code wrote it); allowed: format version {format_version} or older, as {written_by} here "
+                          "writes")
     return state
 
 

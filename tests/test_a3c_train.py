@@ -54,7 +54,7 @@ def test_smoke_run_trains_logs_from_worker_0_and_checkpoints(smoke_run):
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and summary["curves"]
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["counters"] == {k: summary[k] for k in ("frames", "updates", "episodes")}
-    assert ckpt["config"]["workers"] == 2 and ckpt["num_actions"] == 6
+    assert ckpt["config"]["workers"] == 2 and ckpt["num_actions"] == 6 and ckpt["format_version"] == 1
     assert _hogwild_steps_match(ckpt, summary["updates"])
     assert not alive(pids.values())
 
@@ -81,6 +81,24 @@ def test_resume_continues_counters_and_optimizer_state(smoke_run, tmp_path):
     ckpt = torch.load(resumed / "checkpoints" / "last.pt", weights_only=True)
     assert _hogwild_steps_match(ckpt, second["updates"])
     assert ckpt["config"]["env"]["name"] == "Pong" and ckpt["config"]["profile"] == "smoke"
+
+
+def test_a_checkpoint_without_a_format_version_reads_and_a_newer_one_is_exit_2(smoke_run, tmp_path):
+    """A checkpoint without ``format_version`` (version 0: the layout of version 1) gives its model; one of a newer
+    format (written by newer code) is one error line and exit 2."""
+    from a3c.model import checkpoint_model, read_checkpoint
+
+    run_dir, _ = smoke_run
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    del ckpt["format_version"]
+    torch.save(ckpt, tmp_path / "v0.pt")
+    _, model = checkpoint_model(read_checkpoint(tmp_path / "v0.pt"))
+    assert all(torch.equal(p, ckpt["model"][k]) for k, p in model.state_dict().items())
+    torch.save({**ckpt, "format_version": 2}, tmp_path / "v2.pt")
+    result = run_module("a3c.evaluate", f"checkpoint={tmp_path / 'v2.pt'}", f"run_dir={tmp_path}")
+    err = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(err) == 1, result.stderr[-2000:]
+    assert err[0].startswith(f"error: checkpoint='{tmp_path / 'v2.pt'}' has checkpoint format version 2"), err
 
 
 def test_killed_worker_is_reported_and_restarted_and_the_run_finishes(tmp_path):

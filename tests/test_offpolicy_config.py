@@ -4,7 +4,10 @@ from __future__ import annotations
 import pytest
 from offpolicy_helpers import run_cli
 
+from omegaconf import OmegaConf
+
 from offpolicy.algos import ALGOS
+from offpolicy.checkpoint import FORMAT_VERSION
 from offpolicy.train import compose_config, main
 from shared.config import ConfigError
 
@@ -68,28 +71,57 @@ def test_help_lists_groups_and_defaults(capsys):
     assert "utd_ratio" in out
 
 
-def test_pre_0_2_frame_names_still_compose(tmp_path):
-    """The off-policy keys that said "frames" for env steps keep working, on the CLI and in an older checkpoint."""
-    from omegaconf import OmegaConf
-
+def test_a_version_0_checkpoint_composes_in_today_s_keys_and_the_cli_takes_today_s_only(tmp_path):
+    """A checkpoint of format version 0 (no ``format_version``; off-policy keys that said "frames" for env steps,
+    counters' ``collected_frames``, no ``stop_return_reached``) resumes with today's keys; on the command line the old
+    names are unknown keys."""
+    from offpolicy.checkpoint import FORMAT_VERSION, MIGRATIONS, Checkpoint
     from offpolicy.progress import Progress
     from shared.checkpoint import save_checkpoint
 
-    cfg, _ = compose_config(["total_frames=3000", "collector.frames_per_batch=500", "collector.prefill_frames=700",
-                             "eval.interval_frames=1500", "dqn.eps_anneal_frames=900"])
-    assert (cfg.total_env_steps, cfg.collector.env_steps_per_batch, cfg.collector.prefill_env_steps,
-            cfg.eval.interval_env_steps, cfg.dqn.eps_anneal_env_steps) == (3000, 500, 700, 1500, 900)
+    assert len(MIGRATIONS) == FORMAT_VERSION  # one migration from each older version
+    with pytest.raises(ConfigError, match="unknown key 'total_frames'; did you mean total_env_steps"):
+        compose_config(["total_frames=3000"])
+    cfg, _ = compose_config(["total_env_steps=3000", "collector.env_steps_per_batch=500",
+                             "collector.prefill_env_steps=700", "eval.interval_env_steps=1500",
+                             "dqn.eps_anneal_env_steps=900"])
     old = OmegaConf.to_container(cfg)
     old["total_frames"] = old.pop("total_env_steps")
     old["collector"]["frames_per_batch"] = old["collector"].pop("env_steps_per_batch")
     old["dqn"]["eps_anneal_frames"] = old["dqn"].pop("eps_anneal_env_steps")
+    del old["dqn"]["dueling"], old["replay"]["frames_once"]
     counters = {"collected_frames": 1000, "optim_steps": 250, "batches": 2, "episodes": 7, "elapsed_s": 3.0}
     path = save_checkpoint(tmp_path / "old.pt", {"config": old, "counters": counters, "learner": {}})
-    resumed, _ = compose_config([f"resume={path}", "total_env_steps=6000"])
+    resumed, checkpoint = compose_config([f"resume={path}", "total_env_steps=6000"])
     assert (resumed.total_env_steps, resumed.collector.env_steps_per_batch, resumed.dqn.eps_anneal_env_steps) == \
         (6000, 500, 900)
     assert "total_frames" not in resumed and "frames_per_batch" not in resumed.collector
-    assert Progress.from_state(counters).env_steps == 1000
+    assert resumed.dqn.dueling is False and resumed.replay.frames_once is False  # what version-0 runs used
+    assert "sac" not in checkpoint.config  # an algorithm's added keys go to its own section only
+    progress = Progress.from_state(checkpoint.counters)
+    assert (progress.env_steps, progress.optim_steps, progress.stop_return_reached) == (1000, 250, None)
+    assert checkpoint.state["format_version"] == FORMAT_VERSION
+    # today's checkpoint reads as it was written
+    current = save_checkpoint(tmp_path / "new.pt", {**checkpoint.state, "config": OmegaConf.to_container(resumed)})
+    assert Checkpoint.read(current).config["total_env_steps"] == 6000
+
+
+@pytest.mark.parametrize("version", [FORMAT_VERSION + 1, "1"])
+def test_a_checkpoint_of_a_newer_format_is_one_error_line_and_exit_2(tmp_path, version, capsys):
+    from shared.checkpoint import save_checkpoint
+    from shared.config import run_cli as run_entry_point
+
+    cfg, _ = compose_config([])
+    counters = {"env_steps": 0, "optim_steps": 0, "batches": 0, "episodes": 0, "elapsed_s": 0.0,
+                "stop_return_reached": None}
+    path = save_checkpoint(tmp_path / "future.pt", {"format_version": version, "config": OmegaConf.to_container(cfg),
+                                                    "counters": counters, "learner": {}})
+    with pytest.raises(SystemExit) as exit_info:
+        run_entry_point(main, [f"resume={path}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: resume='{path}' has checkpoint format version {version!r}")
+    assert f"allowed: format version {FORMAT_VERSION} or older" in err[0]
 
 
 @pytest.mark.parametrize("name, kind", [("CartPole-v1", "gymnasium"), ("Pong", "atari"), ("ALE/Breakout-v5", "atari"),

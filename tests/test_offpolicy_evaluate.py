@@ -46,6 +46,25 @@ def test_the_policy_is_the_checkpoint_s(checkpoint, tmp_path):
     assert max(result["returns"]) < 30
 
 
+def test_a_checkpoint_of_format_version_0_evaluates_and_resumes(checkpoint, tmp_path):
+    """A real checkpoint put back in format version 0 (no ``format_version``, env-step keys and counters named
+    "frames", no ``env.kind`` or ``stop_return_reached``) evaluates with its weights and resumes its counters."""
+    _, trained = checkpoint
+    state = torch.load(trained["checkpoint"], weights_only=True)
+    del state["format_version"], state["config"]["env"]["kind"], state["counters"]["stop_return_reached"]
+    state["config"]["total_frames"] = state["config"].pop("total_env_steps")
+    state["config"]["dqn"]["eps_anneal_frames"] = state["config"]["dqn"].pop("eps_anneal_env_steps")
+    state["counters"]["collected_frames"] = state["counters"].pop("env_steps")
+    (tmp_path / "checkpoints").mkdir()
+    torch.save(state, tmp_path / "checkpoints" / "last.pt")
+    assert main([f"checkpoint={tmp_path / 'checkpoints' / 'last.pt'}", "episodes=2", "seed=5"]) == 0
+    result = json.loads((tmp_path / "evaluation.json").read_text())
+    assert result["env_steps_trained"] == trained["env_steps"] == 300 and len(result["returns"]) == 2
+    resumed = train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_env_steps=400")
+    assert resumed["status"] == "completed" and resumed["env_steps"] == 400
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["format_version"] == 1
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "checkpoint is required"),
     (["checkpoint=/nonexistent/last.pt"], "checkpoint='/nonexistent/last.pt': no such file"),
