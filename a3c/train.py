@@ -1,5 +1,5 @@
 """A3C on Atari: ``python -m a3c.train env=Pong workers=N [profile=smoke] [key=value ...]``, or from Python
-``from a3c import train; summary = train(env="Pong", workers=2)`` (:func:`from_python`).
+``from a3c.api import train; summary = train(env="Pong", workers=2)`` (a3c/api.py).
 
 The global actor-critic and its optimizer state live in shared memory; N worker processes each play, compute
 gradients on a local copy, copy them into the global model and step the shared optimizer (a3c/worker.py). This
@@ -25,7 +25,7 @@ from a3c.optim import make_shared_optimizer
 from a3c.stats import SharedStats
 from a3c.supervisor import WorkerFailure, WorkerPool
 from shared.checkpoint import load_checkpoint, resumed_config, resumed_seed, save_checkpoint
-from shared.config import make_run_dir, overrides_argv, parse_overrides, python_entry_point, run_cli
+from shared.config import make_run_dir, parse_overrides, run_cli
 from shared.atari import atari_rom, minimal_action_set
 from shared.plots import plot_curves
 from shared.processes import check_main_guard
@@ -166,14 +166,6 @@ def train(cfg: DictConfig, ckpt: dict | None = None) -> dict:
     return summary
 
 
-def from_python(**overrides) -> dict:
-    """``a3c.train(env="Pong", workers=2, **overrides)``: a run from Python. The keyword arguments are the command
-    line's keys and aliases (a dict sets the keys under its key, ``a3c={"t_max": 5}``), checked as on the command
-    line: a bad key or value raises ConfigError with the CLI's ``error:`` line as its message. Returns the summary
-    (also written to ``summary.json``); its ``status`` says how the run ended, where the CLI exits with a code."""
-    return train(*compose_run(overrides_argv(overrides)))
-
-
 def main(argv: list[str]) -> int:
     if {"-h", "--help"} & set(argv):
         print(config_help())
@@ -183,8 +175,6 @@ def main(argv: list[str]) -> int:
         print(f"error: {summary['error']}", file=sys.stderr)
     return EXIT_CODES[summary["status"]]
 
-
-python_entry_point(__name__)
 
 if __name__ == "__main__":
     run_cli(main)

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from offpolicy import prepare_process  # noqa: E402
 from offpolicy.learner import make_learner  # noqa: E402
 from offpolicy.config import compose_config  # noqa: E402
 from offpolicy.builder import Builder  # noqa: E402
@@ -138,4 +139,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    prepare_process()  # as every process that runs the engine's code
     main(sys.argv[1:])

@@ -72,12 +72,14 @@ def check_update(out: Path, algos: list[str], variants: list[str]) -> None:
 
 def update_case(algo: str, variant: str, out: Path, n: int = 200) -> None:
     """One algorithm's learner step on the GPU, one way: warm-up time, ms per step, recompilations after warm-up."""
+    from offpolicy import prepare_process
     from offpolicy.builder import Builder
     from offpolicy.config import compose_config
     from offpolicy.envs import make_train_env
     from offpolicy.learner import make_learner
     from offpolicy.replay import make_replay_buffer
 
+    prepare_process()  # its own process, as every process that runs the engine's code
     device = torch.device("cuda")
     base = [f"algo={algo}", f"env={UPDATE_ENVS[algo]}", "optim.batch_size=256", "model.hidden=[256,256]",
             "collector.env_steps_per_batch=1000"]

@@ -53,6 +53,7 @@ import gymnasium  # noqa: E402
 import torch  # noqa: E402
 from torchrl.envs.utils import ExplorationType, set_exploration_type  # noqa: E402
 
+from offpolicy import prepare_process  # noqa: E402
 from offpolicy.algos.base import ActsOnTensors, DrawsAhead, anneal  # noqa: E402
 from offpolicy.builder import Builder  # noqa: E402
 from offpolicy.collect.statistics import RolloutStats, for_replay  # noqa: E402
@@ -188,4 +189,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    prepare_process()  # as every process that runs the engine's code
     main(sys.argv[1:])

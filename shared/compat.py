@@ -20,7 +20,8 @@ def fast_from_any() -> None:
     """tensordict 0.14.3 routes every tensor a TensorDictModule writes through ``TensorDict.from_any``, which falls
     through to ``importlib.util.find_spec("pandas")`` (a sys.path search when pandas is absent, as here): ~0.3 ms per
     module call (8 % of a profiled DQN CartPole run). Plain tensors are returned as they are, which is what
-    ``from_any`` ends up doing for them. Patches the public classmethod once (idempotent)."""
+    ``from_any`` ends up doing for them. Patches the public classmethod once (idempotent); applied where a process
+    starts the off-policy engine's code (``offpolicy.prepare_process``), never on import."""
     from tensordict import TensorDictBase
 
     original = TensorDictBase.from_any.__func__
@@ -33,6 +34,7 @@ def fast_from_any() -> None:
         return original(cls, obj, *args, **kwargs)
 
     from_any.rlstack_fast = True
+    from_any.tensordict_original = original  # for the tests that start from tensordict's own, as a fresh process
     TensorDictBase.from_any = classmethod(from_any)
 
 

@@ -73,7 +73,7 @@ def test_the_command_line_is_parsed_once(resume, tmp_path, monkeypatch, runs_rec
 
 
 def test_the_python_api_parses_its_keywords_once(monkeypatch, runs_recorded):
-    from a3c import train
+    from a3c.api import train
 
     calls = _count_parses(monkeypatch)
     assert train(env="Breakout", workers=3, a3c={"t_max": 5}) == {"status": "completed", "error": None}
@@ -88,6 +88,7 @@ def test_the_main_process_builds_no_env(tmp_path, monkeypatch):
     import ale_py.vector_env
 
     import a3c.train
+    from a3c.api import train
     from a3c.supervisor import WorkerPool
 
     built, at_start = [], []
@@ -106,7 +107,7 @@ def test_the_main_process_builds_no_env(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the run sets both for its workers; restored after the test
     threads = torch.get_num_threads()
     try:
-        summary = a3c.train.from_python(profile="smoke", run_dir=tmp_path)
+        summary = train(profile="smoke", run_dir=tmp_path)
     finally:
         torch.set_num_threads(threads)
     assert summary["status"] == "completed" and summary["frames"] == 0

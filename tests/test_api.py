@@ -1,5 +1,5 @@
-"""The Python API of both entry points: ``from offpolicy import train`` and ``from a3c import train`` are the callable
-entry modules, whatever was imported first; keyword overrides are the command line's words, checked the same way (a
+"""The Python API of both entry points: ``from offpolicy.api import train`` and ``from a3c.api import train`` are plain
+functions, whatever was imported first; keyword overrides are the command line's words, checked the same way (a
 bad one raises the ConfigError the CLI prints); a run returns its summary. (An off-policy run from Python: docs/usage.md's
 example in tests/test_docs.py and the own-env runs in tests/test_own_envs.py.)"""
 from __future__ import annotations
@@ -39,45 +39,50 @@ def test_overrides_are_the_command_lines_words():
 def test_bad_overrides_raise_the_clis_error(engine, overrides, tmp_path, capsys):
     """Each bad input raises ConfigError whose message is the line the CLI prints after ``error:`` (exit 2), before
     any run directory is made."""
-    from a3c import train as a3c_train
-    from offpolicy import train as offpolicy_train
+    import a3c.api
+    import a3c.train
+    import offpolicy.api
+    import offpolicy.train
 
-    train = {"offpolicy": offpolicy_train, "a3c": a3c_train}[engine]
+    api, cli = {"offpolicy": (offpolicy.api, offpolicy.train), "a3c": (a3c.api, a3c.train)}[engine]
     overrides = {**overrides, "run_dir": tmp_path / "run"}
     with pytest.raises(ConfigError) as raised:
-        train(**overrides)
+        api.train(**overrides)
     with pytest.raises(SystemExit) as exit_:
-        run_cli(train.main, overrides_argv(overrides))
+        run_cli(cli.main, overrides_argv(overrides))
     assert exit_.value.code == 2 and capsys.readouterr().err == f"error: {raised.value}\n"
     assert not (tmp_path / "run").exists()
 
 
-def test_entry_modules_are_callable_whatever_was_imported_first(monkeypatch):
-    """``from offpolicy import train`` after ``import offpolicy.train`` (what ``python -m offpolicy.train``'s own
-    imports and other modules do), and ``from a3c import train`` with ``a3c.train`` not yet imported (the package
-    attribute taken first: the submodule is imported by that very statement): both give the entry module, callable,
-    still with ``main``; ``import a3c.train`` afterwards gives the same object."""
+def test_the_api_is_a_function_whatever_was_imported_first(monkeypatch):
+    """``from offpolicy.api import train`` after ``import offpolicy.train`` (what ``python -m offpolicy.train``'s own
+    imports and other modules do), and ``from a3c.api import train`` with neither module imported yet: both give a
+    plain function; the entry modules stay plain modules with ``main`` (no module's class is swapped)."""
+    import types
+
     import a3c
     import offpolicy.train
 
-    from offpolicy import train as offpolicy_train
+    from offpolicy.api import train as offpolicy_train
 
-    assert offpolicy_train is sys.modules["offpolicy.train"] and callable(offpolicy_train)
-    assert callable(offpolicy_train.main)
+    assert isinstance(offpolicy_train, types.FunctionType)
+    assert type(sys.modules["offpolicy.train"]) is types.ModuleType and callable(offpolicy.train.main)
 
-    monkeypatch.delitem(sys.modules, "a3c.train")  # as in a fresh process (restored afterwards)
-    monkeypatch.delattr(a3c, "train")
-    from a3c import train as a3c_train
+    for name in ("a3c.train", "a3c.api"):  # as in a fresh process (restored afterwards)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        monkeypatch.delattr(a3c, name.split(".")[1], raising=False)
+    from a3c.api import train as a3c_train
     import a3c.train
 
-    assert a3c_train is a3c.train is sys.modules["a3c.train"] and callable(a3c_train) and callable(a3c_train.main)
+    assert isinstance(a3c_train, types.FunctionType) and a3c_train.__module__ == "a3c.api"
+    assert type(a3c.train) is types.ModuleType and callable(a3c.train.main)
     with pytest.raises(TypeError):
         a3c_train("Pong")  # keyword arguments only, as key=value on the command line
 
 
 def test_a3c_trains_from_python(tmp_path):
     """A tiny A3C run from Python: its summary is the run's summary.json, and Ctrl-C is the caller's again."""
-    from a3c import train
+    from a3c.api import train
 
     handler = signal.getsignal(signal.SIGINT)
     summary = train(profile="smoke", workers=1, total_frames=320, eval={"interval_frames": 0, "final_episodes": 0},

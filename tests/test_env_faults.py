@@ -16,7 +16,7 @@ import torch
 from offpolicy_helpers import REPO, summary, train_inprocess
 from proc import wait_no_ray
 
-from offpolicy import train
+from offpolicy import api, train
 from shared.config import ConfigError, run_cli
 
 PACKAGE = "user_envs"
@@ -254,7 +254,7 @@ def test_an_env_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch, c
     assert exit_.value.code == 2 and err.startswith(
         f"error: env.name='broken_envs:Walk-v0': importing module 'broken_envs' {expected}") and "\n" not in err
     with pytest.raises(ConfigError, match="importing module 'broken_envs'"):
-        train(algo="dqn", env="broken_envs:Walk-v0", profile="smoke")
+        api.train(algo="dqn", env="broken_envs:Walk-v0", profile="smoke")
 
 
 def test_no_env_name_is_one_line(capsys):
@@ -262,7 +262,7 @@ def test_no_env_name_is_one_line(capsys):
     expected = ("env.name=None is not allowed; allowed: a Gymnasium id, module:EnvId, an ALE game or "
                 "dmc:<domain>-<task> (leave env out for the algorithm's default)")
     with pytest.raises(ConfigError) as error:
-        train(algo="dqn", env=None, profile="smoke")
+        api.train(algo="dqn", env=None, profile="smoke")
     assert str(error.value) == expected
     for word in ("env=null", "env="):
         with pytest.raises(SystemExit) as exit_:
@@ -272,7 +272,7 @@ def test_no_env_name_is_one_line(capsys):
 
 def test_a_video_of_an_env_that_cannot_render_is_one_line(user_envs):
     with pytest.raises(ConfigError, match=r"^eval\.video=true cannot render env\.name='user_envs\.kinds:NoInit-v0'"):
-        train(algo="dqn", env=_name("NoInit-v0"), profile="smoke", eval={"video": True})
+        api.train(algo="dqn", env=_name("NoInit-v0"), profile="smoke", eval={"video": True})
 
 
 def test_a_bare_id_registered_by_hand_is_warned_of_at_the_start(user_envs, capsys):
@@ -293,8 +293,8 @@ def test_a_bare_id_registered_by_hand_is_warned_of_at_the_start(user_envs, capsy
 
 
 @pytest.mark.parametrize("call, what", [
-    ("from a3c import train\ntrain(env='Pong', profile='smoke', run_dir={run_dir!r})", "a3c.train"),
-    ("from offpolicy import train\ntrain(algo='dqn', profile='smoke', collector={{'overlap': True}}, "
+    ("from a3c.api import train\ntrain(env='Pong', profile='smoke', run_dir={run_dir!r})", "a3c.train"),
+    ("from offpolicy.api import train\ntrain(algo='dqn', profile='smoke', collector={{'overlap': True}}, "
      "run_dir={run_dir!r})", "offpolicy.train with collector.overlap=true"),
 ], ids=["a3c", "offpolicy-overlap"])
 def test_a_spawning_run_from_a_script_without_a_main_guard_is_refused_before_any_child(tmp_path, call, what):

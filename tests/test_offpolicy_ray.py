@@ -261,7 +261,7 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path, capsys):
     and its replacement collects the share: the round is whole. An actor that dies in a publication with no
     replacement left ends the run at the next collection."""
     import ray
-    from tensordict import TensorDict
+    from tensordict import TensorDict, TensorDictBase
 
     from offpolicy.engines.ray import make_replay_actor, start_ray
     from offpolicy.engines.ray import describe_ray_failure
@@ -279,6 +279,10 @@ def test_collector_pool_resumes_at_any_version_in_one_call(tmp_path, capsys):
         pool = CollectorPool(cfg, parts.collect_policy, replay, None, seed=0)
         weights = TensorDict.from_module(parts.collect_policy).data
         assert pool.call("policy_version") == [0, 0]  # the actors are up: their start-up is not timed below
+        # each actor's process made the engine's process-wide settings as it started (offpolicy.prepare_process)
+        fast = [a.__ray_call__.remote(lambda _: getattr(TensorDictBase.from_any.__func__, "rlstack_fast", False))
+                for a in pool.actors]
+        assert ray.get(fast) == [True, True]
         # the leftover check sees this session's cluster (else every `not wait_no_ray()` would hold vacuously)
         assert {"raylet", "gcs_server", "ray::CollectorActor"} <= set(ray_processes())
         start = time.monotonic()

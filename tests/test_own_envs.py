@@ -64,7 +64,7 @@ def walk(tmp_path_factory):
 @pytest.fixture(scope="module")
 def walk_run(walk):
     """DQN's smoke run on Walk-v0 from Python; its summary."""
-    from offpolicy import train
+    from offpolicy.api import train
 
     return train(algo="dqn", env=NAME, profile="smoke", run_dir=walk / "run")
 
@@ -87,7 +87,8 @@ def test_own_env_trains(walk, walk_run):
 
 
 def test_own_env_resumes_evaluates_and_plans(walk, walk_run, capsys):
-    from offpolicy import evaluate, train
+    from offpolicy import evaluate
+    from offpolicy.api import train
     from offpolicy.tools import plan
 
     checkpoint = walk / "run" / "checkpoints" / "last.pt"

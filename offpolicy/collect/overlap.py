@@ -28,6 +28,7 @@ import torch
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 
+from offpolicy import prepare_process
 from shared.env_guard import EnvFault
 
 POLL_S = 1.0  # how often a wait for a batch checks that the child is alive
@@ -41,6 +42,7 @@ def _collect(builder, policy, slot: TensorDict, seed: int, obs_norm: dict | None
     """The child: the run's collector, made by the run's ``builder`` (offpolicy/builder.py), over its own copy of
     ``policy`` and its own training envs; per order (a policy version) the slot's weights into the policy and one
     batch back; ``None``, or the parent gone, ends it. A failure goes back as its traceback text."""
+    prepare_process()  # a fresh interpreter (spawn)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into a stop, then ends this process
     torch.set_num_threads(1)
     torch.manual_seed(seed)  # the exploration's draws: the same run again collects the same batches

@@ -29,6 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDict
 
+from offpolicy import prepare_process
 from offpolicy.algos import AlgoParts
 from offpolicy.builder import Builder
 from offpolicy.collect.statistics import Rollout
@@ -97,6 +98,7 @@ class LearnerRank:
     on every rank (same seed) and stay equal."""
 
     def __init__(self, cfg: dict, specs: Specs, replay, rank: int, world_size: int, seed: int):
+        prepare_process()  # the actor's process: a Ray worker that ran none of our code before
         cfg = OmegaConf.create(cfg)
         # Ray starts an actor with one thread per reserved CPU
         denormals.start_intra_op_threads(RayEngine.learner_threads(cfg))

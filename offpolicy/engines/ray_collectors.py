@@ -26,6 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torchrl.data import TensorDictReplayBuffer
 
+from offpolicy import prepare_process
 from offpolicy.builder import Builder
 from offpolicy.collect.lean import torchrl_env_copies
 from offpolicy.collect.statistics import Rollout, RolloutStats, next_batch
@@ -64,6 +65,7 @@ class CollectorActor:
     :class:`ShareReplayBuffer`, tagged with ``slot``)."""
 
     def __init__(self, cfg: dict, policy, replay, slot: int, seed: int, obs_norm: dict | None):
+        prepare_process()  # the actor's process: a Ray worker that ran none of our code before
         cfg = OmegaConf.create(cfg)
         builder = Builder(cfg)
         first_seed = collector_seed(seed, slot, cfg.env.num_envs)
