@@ -74,3 +74,23 @@ def test_help_prints_the_generated_reference():
     out = subprocess.run([sys.executable, "-m", "offpolicy.train", "--help"], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert out.returncode == 0 and offpolicy_config.reference() in out.stdout
+
+
+def _leaves(tree: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for name, value in tree.items():
+        keys |= _leaves(value, f"{prefix}{name}.") if isinstance(value, dict) else {prefix + name}
+    return keys
+
+
+@pytest.mark.parametrize("engine", ["a3c", "offpolicy"])
+def test_every_group_file_sets_only_declared_keys(engine):
+    """Profiles and algorithm files change declared keys only (``extends`` names another file of the group)."""
+    declared = _leaves(schema.defaults(a3c_config.A3CConfig) if engine == "a3c" else
+                       {**schema.defaults(offpolicy_config.OffPolicyConfig),
+                        **{name: schema.defaults(a.config) for name, a in ALGORITHMS.items()}})
+    files = sorted((REPO / "configs" / engine).glob("*/*.yaml"))
+    assert files
+    for path in files:
+        unknown = _leaves(OmegaConf.to_container(OmegaConf.load(path))) - declared - {"extends"}
+        assert not unknown, f"{path.relative_to(REPO)} sets undeclared keys {sorted(unknown)}"
