@@ -14,7 +14,6 @@ import torch
 from omegaconf import DictConfig
 
 from offpolicy import prepare_process
-from offpolicy import prepare_process
 from offpolicy.algos import ALGOS
 from offpolicy.checkpoint import Checkpoint
 from offpolicy.config import ALIASES, CONFIG_DIR, GROUPS, compose_config, reference
