@@ -60,9 +60,8 @@ class EnvConfig:
                            "[num_envs*T] before they go into the replay buffer", min=1, integer=True)
     backend: str = key('gymnasium', "who steps the training envs: gymnasium (torchrl GymEnv copies, batched by "
                                     "env.vector) | envpool (one C++ thread pool steps all num_envs copies; Gymnasium "
-                                    "MuJoCo and classic-control ids; needs the envpool extra) | mujoco_torch (not "
-                                    "usable with this install: exits with the reason). Evaluation always plays the "
-                                    "Gymnasium env", choices=ENV_BACKENDS)
+                                    "MuJoCo and classic-control ids; needs the envpool extra). Evaluation always "
+                                    "plays the Gymnasium env", choices=ENV_BACKENDS)
     vector: str = key('serial', "gymnasium backend, num_envs > 1: serial (torchrl SerialEnv, in this process) | "
                                 "process (ParallelEnv, one process per env). ALE games are batched by AtariVectorEnv "
                                 "either way", choices=('serial', 'process'))

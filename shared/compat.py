@@ -6,7 +6,6 @@ Checked on torch 2.13.0, torchrl 0.14.1, tensordict 0.14.3, ray 2.60.0, gymnasiu
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -129,17 +128,6 @@ def compile_mode_options(mode: str | None) -> dict:
     from torch._inductor import list_mode_options
 
     return dict(list_mode_options(mode)) if mode is not None else {}
-
-
-@contextlib.contextmanager
-def compiled_random_as_eager():
-    """Inside: what torch.compile compiles draws its random numbers as eager torch does (torch 2.13's inductor
-    ``config.fallback_random``, private module), so a compiled step and its eager twin seeded alike draw the same
-    noise. Inductor's own random kernels (the default) draw other numbers; for tests that compare the two."""
-    from torch._inductor import config
-
-    with config.patch(fallback_random=True):
-        yield
 
 
 # --- torchrl: TD3's actor loss ---------------------------------------------------------------------------------------

@@ -2,8 +2,7 @@
 the specs of the Gymnasium version of the task:
 
 - ``gymnasium``: torchrl ``GymEnv`` copies (built by the caller, ``shared/envs.py``);
-- ``envpool``: ``num_envs`` copies stepped by envpool's C++ thread pool in one call (:class:`EnvPoolEnv`);
-- ``mujoco_torch``: mujoco-torch's zoo envs (MuJoCo in PyTorch, batched with ``torch.vmap``), already torchrl envs.
+- ``envpool``: ``num_envs`` copies stepped by envpool's C++ thread pool in one call (:class:`EnvPoolEnv`).
 
 EnvPoolEnv is our own wrapper because torchrl 0.14.1's ``MultiThreadedEnv`` does not work here: it needs the retired ``gym``
 package for its specs, then cannot convert the Gymnasium spaces envpool 1.2.5 returns; and its
@@ -25,53 +24,22 @@ from shared.config import ConfigError
 MISSING = "envpool is not installed; allowed: env.backend=gymnasium, or pip install -e '.[envpool]'"
 
 
-ENV_BACKENDS = ("gymnasium", "envpool", "mujoco_torch")
-# Gymnasium MuJoCo ids -> mujoco-torch zoo names (the zoo ports these tasks' models and rewards)
-MUJOCO_TORCH_TASKS = {"HalfCheetah-v5": "halfcheetah", "Hopper-v5": "hopper", "Humanoid-v5": "humanoid",
-                      "Ant-v5": "ant", "Walker2d-v5": "walker2d", "Swimmer-v5": "swimmer"}
+ENV_BACKENDS = ("gymnasium", "envpool")
 
 
 def check_backend(backend: str, name: str) -> None:
     """A ``ConfigError`` naming the missing piece unless ``backend`` can step task ``name`` here."""
     if backend == "envpool":
         _check_envpool_task(name)
-    elif backend == "mujoco_torch":
-        if name not in MUJOCO_TORCH_TASKS:
-            raise ConfigError(f"env.name={name!r} has no mujoco-torch port; allowed with env.backend=mujoco_torch: "
-                              + ", ".join(MUJOCO_TORCH_TASKS))
-        problem = mujoco_torch_problem()
-        if problem:
-            raise ConfigError(f"env.backend=mujoco_torch cannot run here: {problem}; allowed: gymnasium, envpool")
 
 
 def make_batched_env(backend: str, name: str, num_envs: int, seed: int):
-    """``num_envs`` copies of ``name`` stepped by ``backend`` (envpool or mujoco_torch) as one torchrl env; the config
+    """``num_envs`` copies of ``name`` stepped by ``backend`` (a batched one: envpool) as one torchrl env; the config
     has passed :func:`check_backend` (``offpolicy.config``), so this builds without checking again (Ray collector
     actors build theirs too)."""
-    if backend == "envpool":
-        return EnvPoolEnv(name, num_envs, seed)
-    from mujoco_torch.zoo import ENVS
-
-    env = ENVS[MUJOCO_TORCH_TASKS[name]](num_envs=num_envs)
-    env.set_seed(seed)
-    return env
-
-
-def mujoco_torch_problem() -> str | None:
-    """Why mujoco-torch cannot step envs in this install (None if two envs step): its import and one vmapped step
-    are tried, since either fails depending on the installed MuJoCo and torch."""
-    try:
-        from mujoco_torch.zoo import ENVS
-
-        env = ENVS["halfcheetah"](num_envs=2)
-        env.rand_step(env.reset())
-    except Exception as err:  # ImportError, mujoco-torch's enum lookups against another MuJoCo, torch vmap errors
-        import mujoco
-
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        return (f"mujoco-torch failed with mujoco {mujoco.__version__} and torch {torch.__version__} "
-                f"({type(err).__name__}: {first[:200]})")
-    return None
+    if backend != "envpool":
+        raise ValueError(f"{backend!r} is not a batched env backend; allowed: envpool")
+    return EnvPoolEnv(name, num_envs, seed)
 
 
 def envpool_tasks() -> frozenset:

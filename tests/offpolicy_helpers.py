@@ -1,6 +1,7 @@
 """Helpers of the off-policy tests: run the entry point in-process or as a subprocess, read a run's files."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -59,3 +60,15 @@ def window_length(ended: list[bool], t: int, n: int) -> int:
     while k < n and not ended[t + k - 1] and t + k < len(ended):
         k += 1
     return k
+
+
+@contextlib.contextmanager
+def compiled_random_as_eager():
+    """Inside: what torch.compile compiles draws its random numbers as eager torch does, so a compiled step and its
+    eager twin seeded alike draw the same noise (inductor's own random kernels, the default, draw other numbers). Test
+    support only, which is why it may use torch's private ``torch._inductor.config`` (``fallback_random``, torch 2.13)
+    outside shared/compat.py: no run depends on it; test_offpolicy_compile.py checks that it does what it says."""
+    from torch._inductor import config
+
+    with config.patch(fallback_random=True):
+        yield

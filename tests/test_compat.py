@@ -216,19 +216,6 @@ def test_compile_mode_options_are_the_modes_inductor_options():
     assert compat.compile_mode_options("max-autotune-no-cudagraphs")["max_autotune"] is True
 
 
-def test_compiled_random_as_eager_draws_eager_torch_s_numbers():
-    def noisy(x):
-        return x + torch.randn(x.shape)
-
-    x = torch.zeros(8)
-    torch.manual_seed(3)
-    eager = noisy(x)
-    with compat.compiled_random_as_eager():
-        torch.manual_seed(3)
-        compiled = torch.compile(noisy)(x)
-    assert torch.equal(compiled, eager)
-
-
 @pytest.mark.parametrize("prioritized", [False, True])
 def test_td3_actor_loss_on_first_q_equals_torchrl_s_with_one_q_network_call(prioritized):
     """The actor loss on the first Q network: the same value and the same actor gradients as torchrl's TD3Loss

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from offpolicy_helpers import smoke_parts, summary, train_inprocess
+from offpolicy_helpers import compiled_random_as_eager, smoke_parts, summary, train_inprocess
 
 from offpolicy.algos import ALGOS
 from offpolicy.learner import make_learner
@@ -47,6 +47,19 @@ MORE_OF_THE_STEP = {"dqn": ["optim.max_grad_norm=0.5", "target.mode=hard", "targ
 REFERENCE = {"crossq": ["compile.enabled=true", "compile.skip_guards=false"]}
 
 
+def test_compiled_random_as_eager_draws_eager_torch_s_numbers():
+    def noisy(x):
+        return x + torch.randn(x.shape)
+
+    x = torch.zeros(8)
+    torch.manual_seed(3)
+    eager = noisy(x)
+    with compiled_random_as_eager():
+        torch.manual_seed(3)
+        compiled = torch.compile(noisy)(x)
+    assert torch.equal(compiled, eager)
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_compiled_learner_makes_the_reference_update_without_recompiling(algo):
     """Every algorithm, compiled with its default guards, from the same networks on the same batches and the same
@@ -54,7 +67,7 @@ def test_compiled_learner_makes_the_reference_update_without_recompiling(algo):
     reference learner (clips, hard and soft targets, TD3's and REDQ's delayed actor), and no recompilation in the
     steps after its warm-up."""
     overrides = MORE_OF_THE_STEP.get(algo, [])
-    with compat.compiled_random_as_eager():
+    with compiled_random_as_eager():
         reference, reference_parts, replay = _learner(algo, *overrides, *REFERENCE.get(algo, []))
         compiled, compiled_parts, _ = _learner(algo, *overrides, "compile.enabled=true")
         initial = _learned(compiled_parts)
@@ -74,7 +87,7 @@ def test_compiled_learner_makes_the_reference_update_without_recompiling(algo):
         assert compiled.target_updater.updates == reference.target_updater.updates > 0
     assert out_compiled["compile/recompiles"] == 0
     if algo == "crossq":  # and against the eager step: the renormalisation's counters and running statistics
-        with compat.compiled_random_as_eager():
+        with compiled_random_as_eager():
             eager, eager_parts, _ = _learner(algo, *overrides)
             torch.manual_seed(1)
             eager.update(replay, steps, version=1)
