@@ -1,5 +1,5 @@
-"""The off-policy engine from Python: ``from offpolicy.api import train; summary = train(algo="sac", ...)`` runs what
-``python -m offpolicy.train algo=sac ...`` runs, in the calling process, for notebooks and sweeps.
+"""The off-policy engine from Python: ``from offpolicy.api import train; summary = train(algo=NAME, ...)`` runs what
+``python -m offpolicy.train algo=NAME ...`` runs, in the calling process, for notebooks and sweeps.
 
 Why a module of its own: ``offpolicy.train`` is the module that ``python -m`` runs, and importing it binds the package's
 attribute ``train`` to that module, so a function ``offpolicy.train`` would be replaced whenever the module is

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from offpolicy.algos import algorithm
+from offpolicy.algos import AlgoParts, algorithm
 from offpolicy.replay import replay_scratch_dir
 from shared.checkpoint import load_checkpoint, resumed_config, save_checkpoint
 from shared.config import ConfigError, check_kept_on_resume
@@ -81,15 +81,21 @@ class Checkpoint:
 
         return Builder(OmegaConf.create(self.config)).eval_env(render=render, obs_norm=self.obs_norm)
 
-    def eval_policy(self, specs):
-        """The run's deterministic evaluation policy (the loss's actor, the greedy Q network for DQN) with the
-        checkpoint's weights, for an env with ``specs`` (its evaluation env); observations as that env gives them
-        (with ``env.obs_norm``: standardised by :attr:`obs_norm`)."""
+    def parts(self, specs) -> AlgoParts:
+        """The run's algorithm parts with the checkpoint's learned weights, for an env with ``specs`` (its evaluation
+        env): its evaluation policy (:attr:`AlgoParts.eval_policy`) and that policy on plain tensors
+        (:attr:`AlgoParts.eval_tensor_policy`, what ``offpolicy.export`` writes) take observations as that env gives
+        them (with ``env.obs_norm``: standardised by :attr:`obs_norm`)."""
         from offpolicy.builder import Builder
 
         parts = Builder(OmegaConf.create(self.config)).parts(specs)
         parts.loss.load_state_dict(self.state["learner"]["loss"])
-        return parts.eval_policy
+        return parts
+
+    def eval_policy(self, specs):
+        """The run's deterministic evaluation policy (the loss's actor, the greedy Q network for DQN) with the
+        checkpoint's weights, for an env with ``specs`` (its evaluation env), as :meth:`parts` gives it."""
+        return self.parts(specs).eval_policy
 
     def check_resumable(self, cfg: DictConfig) -> None:
         """``cfg`` (the resume's) keeps the networks' shapes and, with a saved replay, its layout; a memmap replay finds

@@ -6,7 +6,8 @@ The file maps the env's own observations to actions: the cast to float32 and, wi
 standardisation are inside, and so is the action range (continuous actions come out within the env's bounds; DQN's
 as the index of the greedy action). It plays what ``offpolicy.evaluate`` plays, in float32: a DQN whose CNN trained
 in bfloat16 (its conv precision) is written to compute in float32, which every TorchScript and ONNX runtime runs
-(its weights are float32 already), so a near-tie between two Q values may resolve the other way.
+(its weights are float32 already), so a near-tie between two Q values may resolve the other way. The policy on
+plain tensors is the form the run's algorithm declares (``AlgoParts.eval_tensor_policy``, offpolicy/algos/).
 """
 from __future__ import annotations
 
@@ -82,7 +83,6 @@ def main(argv: list[str]) -> int:
     """Export a checkpoint's evaluation policy; prints where the file and its spec went."""
     from offpolicy import prepare_process
     from offpolicy.algos import algorithm
-    from offpolicy.algos.policies import tensor_eval_policy
     from offpolicy.builder import Builder
     from offpolicy.checkpoint import Checkpoint
     from offpolicy.progress import Progress
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
     env = Builder(cfg).eval_env()  # its specs: the networks' shapes, the observations' dtype, the action bounds
     try:
         obs_spec, action_spec = env.observation_spec_unbatched["observation"], env.action_spec_unbatched
-        policy = in_float32(tensor_eval_policy(checkpoint.eval_policy(env)))
+        policy = in_float32(checkpoint.parts(env).eval_tensor_policy)  # the form its algorithm declares
     finally:
         env.close()
     observation, action = observation_port(cfg, obs_spec), action_port(cfg, action_spec, algorithm(cfg.algo).discrete)

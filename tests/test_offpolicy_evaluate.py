@@ -100,6 +100,37 @@ def test_the_eval_policy_is_deterministic_whatever_the_exploration_type(algo):
         assert not torch.equal(parts.collect_policy(observations.clone())["action"], expected)
 
 
+@pytest.mark.parametrize("algo", ALGOS)
+def test_the_eval_policy_on_tensors_acts_as_the_eval_policy(algo):
+    """Every algorithm's evaluation policy on plain tensors (``AlgoParts.eval_tensor_policy``, as its module declares
+    it: what ``offpolicy.export`` writes) gives its TensorDict path's actions on the same observations (a discrete
+    action as the index of the one-hot one), also after the weights change: it shares the policy's networks, so a
+    checkpoint's weights loaded into the loss reach it."""
+    from offpolicy_helpers import smoke_parts
+    from tensordict import TensorDict
+
+    from offpolicy.algos import algorithm
+
+    _, _, parts, batch = smoke_parts(algo)
+    seen = batch[:32].get("observation")
+    torch.manual_seed(0)  # and observations off the few states a smoke batch visits, where actions differ more
+    observations = TensorDict(observation=torch.cat([seen, 3 * torch.randn_like(seen)]), batch_size=[64])
+    played = []
+    for _ in range(2):
+        with torch.no_grad():
+            expected = parts.eval_policy(observations.clone())["action"]
+            actions = parts.eval_tensor_policy(observations["observation"])
+        if algorithm(algo).discrete:
+            assert actions.dtype == torch.int64 and actions.shape == expected.shape[:-1]
+            expected = expected.argmax(-1)
+        torch.testing.assert_close(actions, expected)
+        played.append(actions)
+        with torch.no_grad():  # new weights, as a checkpoint loads them: into the loss
+            for p in parts.loss.parameters():
+                p.add_(torch.randn_like(p))
+    assert not torch.equal(*played)
+
+
 def test_playing_episodes_leaves_the_process_wide_exploration_type_alone():
     """The evaluator thread's episodes must not set tensordict's process-wide exploration type, not even for the time
     of a call (torchrl's ``get_dist`` does): the training thread would see it (a compiled learner step recompiled on

@@ -52,6 +52,10 @@ class AlgoParts:
 
     collect_policy: nn.Module  # what the collector runs: stochastic (samples, noise or epsilon-greedy)
     eval_policy: nn.Module  # deterministic: the loss's actor (greedy Q network for DQN)
+    # the evaluation policy on plain tensors, ``observation [n, ...] -> action`` (a discrete action as its index),
+    # sharing its networks: what offpolicy.export writes. The algorithm declares it with its policy (policies.py has
+    # those of today's algorithms), so nothing guesses it from the policy's class
+    eval_tensor_policy: nn.Module
     exploration: nn.Module | None  # annealed by collected env steps, published with the actor (None for SAC)
     loss: nn.Module
     groups: list[OptimGroup]  # one optimiser per network, checkpointed by name; a group's ``moves_targets`` says

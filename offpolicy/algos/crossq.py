@@ -14,7 +14,7 @@ from functools import partial
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
-from offpolicy.algos.policies import DeterministicActor
+from offpolicy.algos.policies import DeterministicActor, DeterministicTanhNormal
 from shared.schema import key
 
 
@@ -35,7 +35,8 @@ def build(cfg, env) -> AlgoParts:
     groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue",
                                       actor_every=delay, betas=betas)
     return AlgoParts(
-        collect_policy=actor, eval_policy=DeterministicActor(actor), exploration=None, loss=loss,
+        collect_policy=actor, eval_policy=DeterministicActor(actor), eval_tensor_policy=DeterministicTanhNormal(actor),
+        exploration=None, loss=loss,
         groups=groups + nets.alpha_group(cfg.compile, loss, cfg.crossq, every=delay), target_updater=None,
         critic_only=nets.critic_only(loss.qvalue_loss, ensemble_td_error=False), td_error_squared=False,
         exploration_value=nets.alpha_value(loss),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
-from offpolicy.algos.policies import noisy_policy
+from offpolicy.algos.policies import SquashedActor, noisy_policy
 from shared.schema import key
 
 
@@ -20,7 +20,7 @@ def build(cfg, env) -> AlgoParts:
                                                    loss_function=cfg.loss.function, delay_actor=True,
                                                    delay_value=True))
     return AlgoParts(
-        collect_policy=noisy_policy(actor, noise), eval_policy=actor,
+        collect_policy=noisy_policy(actor, noise), eval_policy=actor, eval_tensor_policy=SquashedActor(actor),
         exploration=noise, loss=loss,
         groups=nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.value_network_params, "loss_value"),
         target_updater=nets.target_updater(cfg.target, loss), critic_loss_key="loss_value",

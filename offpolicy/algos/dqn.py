@@ -9,7 +9,7 @@ from torch import nn
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
-from offpolicy.algos.policies import EpsilonGreedyPolicy
+from offpolicy.algos.policies import EpsilonGreedyPolicy, GreedyQ
 from offpolicy.engines import engine_class
 from offpolicy.network_updates import OptimGroup
 from shared.models import CONV_PRECISIONS, AtariTrunk, DuelingHead, conv_precision, mlp
@@ -50,7 +50,7 @@ def build(cfg, env) -> AlgoParts:
     optimizer = nets.network_adam(cfg.optim, cfg.compile, loss.value_network_params.flatten_keys().values(), "actor")
     return AlgoParts(
         collect_policy=EpsilonGreedyPolicy(qnet, greedy, action_spec.shape[-1]), eval_policy=qnet,
-        exploration=greedy, loss=loss,
+        eval_tensor_policy=GreedyQ(qnet), exploration=greedy, loss=loss,
         groups=[OptimGroup("q", optimizer, ("loss",), cfg.optim.max_grad_norm)],
         target_updater=nets.target_updater(cfg.target, loss), exploration_value=lambda: float(greedy.eps),
         discrete=True,

@@ -8,7 +8,10 @@ networks whose arithmetic is 15-40 µs (``policy`` against ``tensor_policy`` in
 benchmarks/offpolicy_collection_cost.py).
 Tests hold each ``act`` to its TensorDict path (tests/test_offpolicy_lean_collection.py).
 
-:class:`DeterministicActor` is the evaluation policy of the stochastic actors (SAC, CrossQ, REDQ).
+:class:`DeterministicActor` is the evaluation policy of the stochastic actors (SAC, CrossQ, REDQ). The evaluation
+policies' forms on plain tensors (what ``offpolicy.export`` writes) are here too: :class:`GreedyQ`,
+:class:`SquashedActor`, :class:`DeterministicTanhNormal`; each algorithm module names its own
+(:attr:`~offpolicy.algos.base.AlgoParts.eval_tensor_policy`).
 """
 from __future__ import annotations
 
@@ -162,15 +165,16 @@ class SquashedActor(nn.Module):
 
 
 class DeterministicTanhNormal(nn.Module):
-    """:class:`DeterministicActor` (SAC's, CrossQ's and REDQ's evaluation policy) on tensors: the action ``[n, A]``.
+    """A :class:`TanhNormalActor`'s :class:`DeterministicActor` (SAC's, CrossQ's and REDQ's evaluation policy) on
+    tensors: the action ``[n, A]``.
     It computes what torchrl 0.14.1's ``TanhNormal.deterministic_sample`` gives for the distribution
     :meth:`TanhNormalActor.distribution` builds (``safe_tanh``, bounds ``low``/``high``): the tanh of the mean,
     clamped to +-(1 - float resolution), mapped affinely onto the bounds. Why not that method: its clamped tanh is a
     Python autograd function, which TorchScript cannot save."""
 
-    def __init__(self, policy: DeterministicActor):
+    def __init__(self, actor: TanhNormalActor):
         super().__init__()
-        params, sampler = policy.actor.module
+        params, sampler = actor.module
         self.network = params.module
         low, high = sampler.distribution_kwargs["low"], sampler.distribution_kwargs["high"]
         self.register_buffer("middle", (high + low) / 2)

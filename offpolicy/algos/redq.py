@@ -14,7 +14,7 @@ from torchrl.objectives.utils import distance_loss
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
-from offpolicy.algos.policies import DeterministicActor
+from offpolicy.algos.policies import DeterministicActor, DeterministicTanhNormal
 from shared.config import ConfigError
 from shared.schema import key
 
@@ -92,7 +92,8 @@ def build(cfg, env) -> AlgoParts:
     groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue",
                                       actor_every=actor_every)
     return AlgoParts(
-        collect_policy=actor, eval_policy=DeterministicActor(actor), exploration=None, loss=loss,
+        collect_policy=actor, eval_policy=DeterministicActor(actor), eval_tensor_policy=DeterministicTanhNormal(actor),
+        exploration=None, loss=loss,
         groups=groups + nets.alpha_group(cfg.compile, loss, cfg.redq, every=actor_every),
         target_updater=nets.target_updater(cfg.target, loss),
         critic_only=nets.critic_only(loss.qvalue_loss, ensemble_td_error=True),

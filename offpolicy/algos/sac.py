@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
-from offpolicy.algos.policies import DeterministicActor
+from offpolicy.algos.policies import DeterministicActor, DeterministicTanhNormal
 
 
 def build(cfg, env) -> AlgoParts:
@@ -21,7 +21,8 @@ def build(cfg, env) -> AlgoParts:
         action_spec=action_spec, deactivate_vmap=nets.DEACTIVATE_VMAP))
     groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue")
     return AlgoParts(
-        collect_policy=actor, eval_policy=DeterministicActor(actor), exploration=None, loss=loss,
+        collect_policy=actor, eval_policy=DeterministicActor(actor), eval_tensor_policy=DeterministicTanhNormal(actor),
+        exploration=None, loss=loss,
         groups=groups + nets.alpha_group(cfg.compile, loss, cfg.sac),
         target_updater=nets.target_updater(cfg.target, loss), td_error_squared=False,
         exploration_value=nets.alpha_value(loss),

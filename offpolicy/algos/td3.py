@@ -8,7 +8,7 @@ from torchrl.objectives import TD3Loss
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
-from offpolicy.algos.policies import noisy_policy
+from offpolicy.algos.policies import SquashedActor, noisy_policy
 from shared import compat
 from shared.schema import key
 
@@ -45,7 +45,8 @@ def build(cfg, env) -> AlgoParts:
     groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue",
                                       actor_every=cfg.td3.policy_delay, targets_follow_actor=True)
     return AlgoParts(
-        collect_policy=noisy_policy(actor, noise), eval_policy=actor, exploration=noise, loss=loss,
+        collect_policy=noisy_policy(actor, noise), eval_policy=actor, eval_tensor_policy=SquashedActor(actor),
+        exploration=noise, loss=loss,
         groups=groups, target_updater=nets.target_updater(cfg.target, loss),
         critic_only=nets.critic_only(loss.value_loss, ensemble_td_error=True),
         exploration_value=nets.noise_value(noise),
