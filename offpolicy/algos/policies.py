@@ -184,19 +184,3 @@ class DeterministicTanhNormal(nn.Module):
         loc, _ = self.network(observation)
         limit = 1.0 - torch.finfo(loc.dtype).resolution
         return self.middle + self.half_range * loc.tanh().clamp(-limit, limit)
-
-
-def tensor_eval_policy(eval_policy: nn.Module) -> nn.Module:
-    """An algorithm's evaluation policy (:attr:`~offpolicy.algos.base.AlgoParts.eval_policy`) as a module from
-    observation tensors to actions, sharing its networks: what ``offpolicy.export`` writes. A TypeError for a policy
-    of another kind (an algorithm added with one needs its case here)."""
-    from torchrl.modules import QValueActor, TanhModule
-
-    if isinstance(eval_policy, DeterministicActor):
-        return DeterministicTanhNormal(eval_policy)
-    if isinstance(eval_policy, QValueActor):
-        return GreedyQ(eval_policy)
-    if isinstance(eval_policy, TensorDictSequential) and isinstance(eval_policy.module[-1], TanhModule):
-        return SquashedActor(eval_policy)
-    raise TypeError(f"no tensor form of the evaluation policy {type(eval_policy).__name__}; allowed: "
-                    "DeterministicActor, QValueActor or continuous_actor's TensorDictSequential")
