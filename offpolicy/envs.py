@@ -47,8 +47,9 @@ def atari_settings(env: DictConfig) -> AtariSettings:
     return AtariSettings.from_config({"name": env.name, **env.atari})
 
 
-def _pixels(env: DictConfig) -> dict:
-    return {"from_pixels": env.from_pixels, "image_size": env.image_size}
+def _options(env: DictConfig) -> dict:
+    """What ``make_env`` takes from the config besides the name: the kind decided when composing, the pixel keys."""
+    return {"kind": env.kind, "from_pixels": env.from_pixels, "image_size": env.image_size}
 
 
 def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: int | None = None,
@@ -70,16 +71,16 @@ def make_train_env(cfg: DictConfig, obs_norm_state: dict | None = None, seed: in
                               Compose(DoubleToFloat(), RewardSum()))  # as make_env does for Gymnasium ids
     elif cfg.env.kind == "atari" or n == 1:  # AtariVectorEnv batches its games itself
         base = make_env(cfg.env.name, seed=seed, num_envs=n, atari=atari_settings(cfg.env), train=True,
-                        **_pixels(cfg.env))
+                        **_options(cfg.env))
     elif cfg.env.vector == "process":  # torchrl's env workers tell only that one exited: each guard writes its fault
         report = Path(tempfile.mkdtemp(prefix="rlstack-env-faults-"))
         base = ParallelEnv(n, partial(make_env, cfg.env.name, seed=seed, train=True, fault_report=report,
-                                      **_pixels(cfg.env)))
+                                      **_options(cfg.env)))
         base.env_fault_report = report  # read by reported_env_fault; removed with the env
         weakref.finalize(base, shutil.rmtree, report, True)
         base.set_seed(seed)  # copy i gets seed + i
     else:
-        base = SerialEnv(n, partial(make_env, cfg.env.name, seed=seed, train=True, **_pixels(cfg.env)))
+        base = SerialEnv(n, partial(make_env, cfg.env.name, seed=seed, train=True, **_options(cfg.env)))
         base.set_seed(seed)
     # StepCounter: episode lengths for train/episode_length; InitTracker: Ornstein-Uhlenbeck noise resets on is_init
     env = base if isinstance(base, TransformedEnv) else TransformedEnv(base)  # nesting TransformedEnvs warns
@@ -116,7 +117,7 @@ def make_eval_env(cfg: DictConfig, *, render: bool = False, obs_norm: dict | Non
     """The evaluation env: one copy, seeded apart from training; Atari plays whole games with raw scores.
     ``obs_norm`` (from :func:`obs_norm_state`) standardises observations as in training."""
     env = make_env(cfg.env.name, seed=eval_seed(cfg.seed), num_envs=1, render=render, atari=atari_settings(cfg.env),
-                   train=False, **_pixels(cfg.env))
+                   train=False, **_options(cfg.env))
     if obs_norm is not None:
         env.append_transform(_obs_norm(obs_norm))
     return env

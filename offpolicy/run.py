@@ -78,7 +78,7 @@ class Run:
                                 num_envs=engine_cls.training_env_copies(cfg))
         try:
             self.parts = parts = builder.parts(env)  # (checks the env's actions suit the algorithm before any file)
-            self.run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{cfg.env.name.replace('/', '_')}")
+            self.run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{cfg.env.name}")
             self.obs_norm = obs_norm_state(env)
         except BaseException:
             env.close()

@@ -16,6 +16,7 @@ import datetime
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,12 +276,13 @@ def help_text(reference: str, usage: str, aliases: dict[str, str], groups: Seque
 
 
 def make_run_dir(cfg: DictConfig, name: str) -> Path:
-    """Create the run dir (``cfg.run_dir`` or ``runs/<name>-<time>``), store it in cfg and save the resolved config."""
+    """Create the run dir (``cfg.run_dir`` or ``runs/<name>-<time>``, one directory whatever ``name`` holds: an env id's
+    ``/`` and ``:`` become ``-``), store it in cfg and save the resolved config."""
     if cfg.get("run_dir"):
         run_dir = Path(cfg.run_dir)
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir = Path("runs") / f"{name}-{stamp}"
+        run_dir = Path("runs") / re.sub(r"[/\\:\s]+", "-", f"{name}-{stamp}")
     ensure_writable_dir(run_dir, "run_dir")
     cfg.run_dir = str(run_dir)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)

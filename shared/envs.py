@@ -190,7 +190,7 @@ def _gym_base(name: str, *, render: bool, from_pixels: bool, image_size: int, fa
 
 def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = False,
              atari: AtariSettings | None = None, train: bool = True, from_pixels: bool = False, image_size: int = 64,
-             fault_report: Path | None = None):
+             fault_report: Path | None = None, kind: str | None = None):
     """A torchrl env for a Gymnasium/MuJoCo id, an own env (``module:EnvId``, its module imported first), a
     dm_control task or an ALE game, with the episode return in ``("next", "episode_reward")``.
 
@@ -205,12 +205,12 @@ def make_env(name: str, *, seed: int = 0, num_envs: int = 1, render: bool = Fals
     ``SerialEnv`` of either. ALE games go through ``AtariVectorEnv`` wrapped by torchrl's ``GymWrapper`` (the whole
     Atari preprocessing in C++); with ``train=False`` reward clipping and episodic life are off, so returns are real
     game scores. ``render=True`` (Gymnasium and dm_control, single env) makes ``render_frame(env)`` return RGB frames
-    for videos.
+    for videos. ``kind``: the env's kind as a composed config holds it (``cfg.env.kind``); None: read off ``name``.
     """
     from torchrl.envs import (CatTensors, Compose, DoubleToFloat, GymWrapper, PermuteTransform, RenameTransform,
                               RewardSum, SerialEnv, TransformedEnv)
 
-    kind = env_kind(name)
+    kind = kind or env_kind(name)
     if kind == "atari":
         import torch
         from torchrl.data import Composite, Unbounded

@@ -61,3 +61,18 @@ def test_resumed_config_is_the_checkpoint_config_with_overrides():
     base = OmegaConf.to_container(load_config(["env=Breakout", "workers=3"]))
     cfg = load_config(["total_frames=100"], base=base)
     assert cfg.env.name == "Breakout" and cfg.workers == 3 and cfg.total_frames == 100
+
+
+@pytest.mark.parametrize("name, expected", [("a3c-ALE/Pong-v5", "a3c-ALE-Pong-v5-"),
+                                            ("offpolicy-sac-my_envs.drift:Drift-v0", "offpolicy-sac-my_envs.drift-Drift-v0-")])
+def test_the_default_run_dir_is_one_directory_under_runs(name, expected, tmp_path, monkeypatch):
+    """An env id's ``/`` (ALE/Pong-v5) or ``:`` (module:EnvId) does not nest or break the run's directory."""
+    from pathlib import Path
+
+    from shared.config import make_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    cfg = OmegaConf.create({"run_dir": None})
+    run_dir = make_run_dir(cfg, name)
+    assert run_dir.parent == Path("runs") and run_dir.name.startswith(expected), run_dir
+    assert (tmp_path / run_dir / "config.yaml").is_file() and cfg.run_dir == str(run_dir)

@@ -98,7 +98,6 @@ def test_own_env_example_runs(tmp_path, monkeypatch, capsys, forget_my_envs):
     which import it from the current directory by the name alone), and its error lines are the ones printed."""
     import os
     import subprocess
-    import sys
 
     (module, source), (_, commands), (_, errors) = doc_blocks(USAGE, "Your own env")
     assert module == "python"

@@ -10,6 +10,27 @@ from offpolicy_helpers import train_inprocess
 from shared.logging import read_scalars
 
 
+@pytest.mark.parametrize("name", ["Pong", "CartPole-v1"])
+def test_the_run_s_envs_take_the_kind_the_config_decided(name, monkeypatch):
+    """``env.kind`` is read off the name once, when composing: the training and evaluation envs are built from the
+    config's kind (reading the name again raises here)."""
+    from offpolicy.config import compose_config
+    from offpolicy.envs import make_eval_env, make_train_env
+    from shared import envs
+
+    cfg, _ = compose_config(["algo=dqn", f"env={name}"])
+
+    def read_again(name):
+        raise AssertionError(f"env_kind({name!r}) called again")
+
+    monkeypatch.setattr(envs, "env_kind", read_again)
+    for env in (make_train_env(cfg), make_eval_env(cfg)):
+        try:
+            assert env.observation_spec_unbatched["observation"].shape == ((4, 84, 84) if name == "Pong" else (4,))
+        finally:
+            env.close()
+
+
 @pytest.mark.parametrize("name", ["Pong", "ALE/Pong-v5", "PongNoFrameskip-v4", "breakout"])
 def test_every_ale_spelling_is_the_shared_atari_env(name):
     from offpolicy.config import compose_config
