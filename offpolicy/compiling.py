@@ -1,10 +1,9 @@
 """Whether a run compiles its learner step and collection policy with ``torch.compile`` (``compile.enabled``).
 
-``auto`` (the default) compiles when the run's planned optimiser steps reach ``compile.auto_min_optim_steps``
-(25,000): measured on this project's 2-core CPU host (2026-12-03, benchmarks/offpolicy_update_cost.py and
-benchmarks/atari_dqn_update_cost.py), compiling costs 3-22 s once and saves 1.0 (TD3) to 5.4 (SAC) ms a step for the
-MLP algorithms and 1.8 ms for the Nature-CNN DQN, so it repays itself after 4,000 (SAC, DDPG, DQN) to 22,000 (TD3)
-steps. Smoke runs (a few hundred steps) stay eager. ``true`` and ``false`` force either path.
+``auto`` (the default) compiles when the run's planned optimiser steps reach ``compile.auto_min_optim_steps``: compiling
+costs seconds once and saves a little on every step, so only a run long enough to repay it compiles (the threshold and
+its measurements: docs/results.md, "Off-policy engine"). Smoke runs (a few hundred steps) stay eager. ``true`` and
+``false`` force either path.
 
 When ``torch.compile`` cannot compile on this platform (no C++ compiler for inductor, an unsupported Python), the run
 falls back to eager with one warning line naming the reason; a step whose compilation fails later falls back in the

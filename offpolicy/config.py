@@ -116,8 +116,7 @@ class CollectorConfig:
                                "instead of k). Refused with `engine=ray` and with torchrl's `Collector` on other "
                                "envs. A dead child ends the run (exit 4, one line, checkpoint kept). Off by default: "
                                "on 2 cores it gains only where collection is most of a round (DQN at CleanRL's UTD "
-                               "0.1, one learner thread: **1.26x**); DQN's default command 0.96x, SAC 0.94x, Atari "
-                               "DQN (`profile=atari`) 0.88x "
+                               "0.1, one learner thread) and costs a little in the default commands "
                                "([docs/results.md](results.md#collection-overlapped-with-learning))")
     overlap_timeout_s: int = key(600, "`collector.overlap`: a batch the loop has waited this many seconds for (its "
                                       "own learning in between not counted; the first wait includes the child's "
@@ -309,9 +308,9 @@ class CheckpointConfig:
 class CompileConfig:
     enabled: bool | str = key('auto', "auto, true or false. true: run the learner's loss forward and backward under "
                                       "`torch.compile`: one compiled function per kind of step (TD3: critic only, or "
-                                      "critic + actor), compiled in the first steps (~3-40 s here); the clips and the "
-                                      "fused Adam steps stay eager (one kernel each already, faster than compiled "
-                                      "here); a local collection policy on TensorDicts is compiled too (the "
+                                      "critic + actor), compiled in the first steps (seconds to tens of seconds on a "
+                                      "CPU); the clips and the fused Adam steps stay eager (one kernel each already; "
+                                      "compiled they were slower); a local collection policy on TensorDicts is compiled too (the "
                                       "plain-tensor policies run eager); `summary.json` and `compile/recompiles` "
                                       "count the learner's own recompilations after the warm-up (0 for every "
                                       "algorithm). auto (the default): true when the run's planned optimiser steps, "
@@ -323,11 +322,10 @@ class CompileConfig:
                                       "the reason. The start line says which path runs and why",
                                       choices=('auto', True, False))
     auto_min_optim_steps: int = key(25000, "the planned optimiser steps from which `compile.enabled=auto` compiles: "
-                                           "compiling costs 3-22 s once and saves 1.0 (TD3) to 5.4 (SAC) ms a step on "
-                                           "the 2-core CPU host (2026-12-03, `benchmarks/offpolicy_update_cost.py`), "
-                                           "and 1.8 ms for the Nature-CNN DQN "
-                                           "(`benchmarks/atari_dqn_update_cost.py`), so it repays itself within "
-                                           "4,000-22,000 steps", min=0, integer=True)
+                                           "past them, the time compiling saves per step has repaid its one-off cost "
+                                           "for every algorithm (the measurements: [docs/results.md](results.md#"
+                                           "off-policy-engine), `benchmarks/offpolicy_update_cost.py` and "
+                                           "`benchmarks/atari_dqn_update_cost.py`)", min=0, integer=True)
     mode: str | None = key(None, "torch.compile mode: null (its default), default, reduce-overhead, max-autotune, "
                           "max-autotune-no-cudagraphs; with `compile.skip_guards` the mode goes to torch.compile as "
                           "its inductor options (torch.compile takes a mode or options, not both)",
@@ -335,8 +333,8 @@ class CompileConfig:
     skip_guards: bool = key(True, "keep only torch.compile's guards on tensors (the shapes, dtypes and strides of the "
                                   "sample and the networks) and on global switches (grad mode, default device); drop "
                                   "those on the loss's Python objects (its modules, TensorDict internals, constants: "
-                                  "~1,100 a kind of step), whose check took 0.3-0.7 ms of a 1.4-10 ms compiled step "
-                                  "here (`guard_filter_fn`). Each kind of step has its own code object, so its own "
+                                  "about a thousand a kind of step), whose check is a large share of a small "
+                                  "compiled step (`guard_filter_fn`). Each kind of step has its own code object, so its own "
                                   "graphs. Unsafe in torch's sense: a change to those Python objects during the run "
                                   "would not be seen (nothing in the learner makes one); a sample of another shape "
                                   "still compiles a new graph. false keeps every guard; no effect without "
@@ -396,9 +394,10 @@ class OffPolicyConfig:
                                         min=1, integer=True)
     threads: int | str = key('auto', "torch intra-op threads of the learner (engine=ray: of each learner rank). auto: "
                                      "every core it can have (local: this process's CPUs, or OMP_NUM_THREADS, less "
-                                     "one with collector.overlap; ray: ray.learner_cpus). 2 threads vs 1 on the "
-                                     "2-core host: the learner step 1.38-1.41x faster at batch 256 with 256x256 MLPs, "
-                                     "1.04-1.15x for smaller ones", min=1, integer=True, auto=True)
+                                     "one with collector.overlap; ray: ray.learner_cpus): a second thread makes the "
+                                     "learner step faster, most at the 256x256 MLPs' batch 256, and never slower "
+                                     "([docs/results.md](results.md#off-policy-engine), the default command)",
+                                     min=1, integer=True, auto=True)
     seed: int = key(0, "seeds torch, the training envs (copy i of collector k: seed + k*num_envs + i) and the "
                        "evaluation env (a stream of its own derived from the seed)", min=0, integer=True)
     collector: CollectorConfig = section(CollectorConfig)

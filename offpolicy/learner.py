@@ -35,8 +35,8 @@ from offpolicy.network_updates import OptimGroup, TargetUpdate
 from shared import compat, denormals
 
 # Uniform samples of a round are drawn this many batches per replay call and split: the same i.i.d. draws as one
-# call per batch (replay does not change during a round's updates), minus most of the per-call cost (~0.6 ms in
-# process, ~10 ms from a Ray rank to the replay actor).
+# call per batch (replay does not change during a round's updates), minus most of the per-call cost (large from a Ray
+# rank, whose replay is another process, and not small in process).
 SAMPLE_CHUNK = 32
 IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable")  # how an optimiser steps, not what it learned
 
@@ -61,8 +61,8 @@ KEPT_GUARDS = frozenset({"TENSOR_MATCH", "NO_TENSOR_ALIASING", "GLOBAL_STATE", "
 
 def tensor_and_global_guards(entries) -> list[bool]:
     """A torch.compile ``guard_filter_fn``: keep the guards of :data:`KEPT_GUARDS`, drop those on the loss's Python
-    objects (its modules, TensorDict internals, constants; ~1,100 a kind of step for TD3, ~0.7 ms of its ~0.85 ms
-    guard check a step here). Unsafe in torch's sense: a change to those objects after the first compile is not
+    objects (its modules, TensorDict internals, constants: about a thousand a kind of step for TD3, most of its guard
+    check's time). Unsafe in torch's sense: a change to those objects after the first compile is not
     seen, which holds in a learner (its loss, networks and keys are fixed for a run); a sample of another shape or
     dtype still compiles a new graph."""
     return [entry.guard_type in KEPT_GUARDS for entry in entries]
@@ -97,7 +97,7 @@ def abs_td_error(td_error: torch.Tensor, *, squared: bool) -> torch.Tensor:
 class Learner:
     """Runs optimiser steps of one algorithm's torchrl loss over its :class:`OptimGroup` optimisers.
 
-    ``overlap_sampling`` (a Ray learner rank: replay is another process, ~10 ms a call): the next chunk of samples
+    ``overlap_sampling`` (a Ray learner rank: replay is another process, a round trip a call): the next chunk of samples
     is requested from a background thread while the current chunk is learned on, within a round (replay does not
     change during a round's updates, so the draws are those of sampling in turn).
 
@@ -279,12 +279,11 @@ class Learner:
             return norms
 
         if self.compile.enabled:
-            # the clips and optimiser steps stay eager: the fused Adam kernel is one call already (SAC's three groups:
-            # 0.40 against 0.54 ms compiled, 1 or 2 threads), and torch.optim's own graph breaks (its step's
-            # no-grad switch) inside the loop over groups made dynamo give up on the whole function anyway
+            # the clips and optimiser steps stay eager: the fused Adam kernel is one call already (compiled, SAC's
+            # three groups were slower), and torch.optim's own graph breaks (its step's no-grad switch) inside the
+            # loop over groups made dynamo give up on the whole function anyway
             # backward() stays outside: inside, it broke the graph, and the rest of the function ran as a second
-            # compiled frame with its own guard lookup (TD3 here: 2 lookups and ~0.34 ms of frame overhead a step,
-            # now 1 and ~0.08 ms)
+            # compiled frame with its own guard lookup, a frame overhead on every step
             kind = "_".join(["forward", *(g.name for g in groups), *(["soft_targets"] if soft_targets else [])])
             mode, options = self.compile.mode, None
             if self.compile.skip_guards:  # torch.compile takes a mode or options: the mode goes in as its options

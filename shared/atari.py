@@ -1,8 +1,8 @@
 """Atari for both engines: game names, the preprocessing settings, and the one factory of preprocessed games.
 
 ``ale_py.vector_env.AtariVectorEnv`` does the whole standard preprocessing (frame skip with max-pooling, noop reset,
-fire reset, resize, grey, frame stack) in C++ threads; a torchrl ``GymEnv`` + transform stack is ~15x slower per step
-on this machine (DESIGN.md), and the A3C hot loop is bound by the per-step env cost. Episodic life and reward clipping
+fire reset, resize, grey, frame stack) in C++ threads; a torchrl ``GymEnv`` + transform stack is an order of magnitude
+slower per step, and the A3C hot loop is bound by the per-step env cost. Episodic life and reward clipping
 are applied on top (:class:`AtariSignals`), so that they shape only the training signal while the reported returns
 stay the real game scores.
 """

@@ -1,10 +1,10 @@
 """Subnormal floats (|x| < 1.18e-38) read and written as zero in the learner's arithmetic (x86 FTZ/DAZ).
 
 Why: Adam's first moment of a weight whose gradient is mostly zero (a ReLU unit that rarely fires) decays by beta1 each
-step through the subnormal range, and x86 arithmetic on a subnormal takes a microcode assist. Measured on the 2-core
-host (2026-12-06, TD3 on HalfCheetah-v5 after 7k steps): 45 % of a critic layer's ``exp_avg`` was subnormal, and the
-fused Adam step on that state took 0.75 ms against 0.30 ms with those values zeroed (2 threads; 1.29 against 0.43 ms on
-one). TensorFlow and XLA flush subnormals on the CPU by default; values that small change no update measurably.
+step through the subnormal range, and x86 arithmetic on a subnormal takes a microcode assist: in a TD3 run a large
+share of a critic layer's ``exp_avg`` goes subnormal and its Adam step becomes several times slower (docs/results.md,
+"Off-policy engine", the default command). TensorFlow and XLA flush subnormals on the CPU by default; values that small
+change no update measurably.
 
 ``torch.set_flush_denormal`` sets the flag for the calling thread only. A thread started later inherits its creator's
 floating-point environment (POSIX), so :func:`start_intra_op_threads` starts torch's intra-op threads (OpenMP, which MKL

@@ -10,9 +10,8 @@ from torch import nn
 class ReLU(nn.Module):
     """``max(x, 0)`` as ``nn.ReLU``; under ``torch.compile`` written as ``x * clamp_min(sign(x), 0)``: the same values
     (-0.0 for negative inputs) and the same gradients, without a boolean mask. Why: torch 2.13's inductor on CPU saves
-    relu's backward mask as a bool tensor, and its bool-store kernel is slow on this machine's AVX-512 host (262
-    against 18 µs per [256, 256] activation; SAC's compiled learner step 8.1-8.9 against 6.7-7.3 ms at 2 threads,
-    benchmarks/offpolicy_update_cost.py)."""
+    relu's backward mask as a bool tensor, and its bool-store kernel is slow on AVX-512 CPUs, slow enough to show in
+    SAC's whole compiled learner step (docs/results.md, "Off-policy engine"; benchmarks/offpolicy_update_cost.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
@@ -24,7 +23,7 @@ def chained_forward(module: nn.Module):
     """``module``'s forward as its layers' own ``forward`` methods called in turn, for a network that is a chain of
     ``nn.Sequential`` containers (an ``nn.Identity`` is skipped; any other module is one layer, called as it is):
     the same arithmetic without ``nn.Module.__call__`` around every layer. Why: at batch 1 (acting in one env copy)
-    that call machinery is a third of a small MLP's forward here (CartPole's [120, 84] Q network: 26 against 38 µs).
+    that call machinery is a large part of a small MLP's forward (CartPole's [120, 84] Q network).
     Forward hooks would be skipped, so a module with any (its own, a submodule's or global ones) gets its ordinary
     call instead."""
     from shared import compat
@@ -77,16 +76,15 @@ class AtariTrunk(nn.Module):
     """Conv trunk over uint8 frames ``[..., C, H, W]`` (scaled to [0, 1] inside) -> features ``[..., out_features]``.
 
     ``arch="nature"``: the Nature-DQN CNN (32-64-64 convs, 512 units). ``arch="small"``: the 2013 DQN CNN used by the
-    A3C paper (16-32 convs, 256 units), ~3x cheaper per sample on CPU. ``dense=False`` stops after the convolutions
+    A3C paper (16-32 convs, 256 units), several times cheaper per sample on CPU. ``dense=False`` stops after the convolutions
     (the flattened feature map), for heads with dense layers of their own (:class:`DuelingHead`).
     ``channels_last=True`` runs the convolutions in channels-last layout whatever the input's (weights and input
-    converted): the bare network's batch-32 DQN update took 12.4 against 14.0 ms here at 2 threads and acting on 10
-    frames the same (one check each); the whole learner step measured the same in both layouts (21.2 against
-    21.0 ms, benchmarks/atari_dqn_update_cost.py).
+    converted): it speeds up the bare network's float32 update and costs nothing in acting or in the whole learner
+    step (docs/results.md, "DQN on Atari (Pong)"; benchmarks/atari_dqn_update_cost.py).
     ``precision="bfloat16"`` runs the convolutions and the dense layer under bfloat16 autocast on the input's device
     (the parameters stay float32, the features come back float32, so a head and the loss on them are float32): the
-    Nature CNN's batch-32 DQN update 1.44x faster on this AVX512-BF16 CPU, best in the default layout
-    (benchmarks/atari_dqn_update_cost.py); features within ~2^-8 of float32's.
+    Nature CNN's DQN update markedly faster on a CPU with AVX512-BF16, best in the default layout (docs/results.md,
+    "DQN on Atari (Pong)"); features within ~2^-8 of float32's.
     """
 
     ARCHS = ("nature", "small")

@@ -39,8 +39,7 @@ class DrawsAhead(Protocol):
 def anneal(exploration: nn.Module, env_steps: int) -> None:
     """Anneal torchrl's epsilon-greedy, Gaussian or OU exploration module by ``env_steps`` in one update: the value
     torchrl's ``step(env_steps)`` reaches, ``max(end, value - env_steps (init - end) / annealing_num_steps)``. Why not
-    ``step``: it runs ``env_steps`` tensor updates, ~10 µs each, a cost per collected env step (10.5 ms per 1,000-step
-    round here, torchrl 0.14.1)."""
+    ``step``: it runs ``env_steps`` small tensor updates (torchrl 0.14.1), a cost per collected env step."""
     name = "sigma" if hasattr(exploration, "sigma_init") else "eps"  # Gaussian noise; epsilon-greedy and OU: eps
     value, init, end = (getattr(exploration, f"{name}{suffix}") for suffix in ("", "_init", "_end"))
     value.data.copy_(torch.maximum(end, value - env_steps * (init - end) / exploration.annealing_num_steps))

@@ -21,7 +21,7 @@ def q_network(model, obs_spec, n_actions: int, dueling: bool, precision: str = "
     section; ``dueling``: the last dense layer (Atari: 512 units) becomes a value and an advantage stream.
     ``precision`` (float32 | bfloat16): the CNN's compute precision; its head stays float32."""
     if obs_spec.dtype == torch.uint8:
-        # channels-last pays in float32 only (bf16: 15.4 ms NCHW against 17.8 ms channels-last per update, here)
+        # channels-last pays in float32 only: under bf16 it made the update slower (benchmarks/atari_dqn_update_cost.py)
         trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature", dense=not dueling,
                            channels_last=precision == "float32", precision=precision)
         head = DuelingHead(trunk.out_features, n_actions, 512) if dueling else nn.Linear(trunk.out_features, n_actions)

@@ -3,9 +3,8 @@
 method that reads the same networks and buffers. torchrl's Collector runs the TensorDict path; the lean collector
 (offpolicy/collect/lean.py) runs ``act`` (DQN's: ``draw`` once per batch, then ``act_index`` per step).
 
-Why a second path: at one env copy, a call through torchrl's TensorDict modules costs 90-155 µs per env step for
-networks whose arithmetic is 15-40 µs (``policy`` against ``tensor_policy`` in
-benchmarks/offpolicy_collection_cost.py).
+Why a second path: at one env copy, a call through torchrl's TensorDict modules costs several times the networks'
+own arithmetic per env step (``policy`` against ``tensor_policy`` in benchmarks/offpolicy_collection_cost.py).
 Tests hold each ``act`` to its TensorDict path (tests/test_offpolicy_lean_collection.py).
 
 :class:`DeterministicActor` is the evaluation policy of the stochastic actors (SAC, CrossQ, REDQ). The evaluation
@@ -48,9 +47,9 @@ class EpsilonGreedyPolicy(TensorDictSequential):
 
     def draw(self, steps: int, n: int) -> EpsilonDraws:
         """The randomness of ``steps`` steps of ``n`` copies at the current epsilon, in two draws instead of two per
-        step. Why ahead: the draws do not depend on the observations, and per step they cost ~15 µs here (draw,
-        compare, check, select), a CartPole simulator step ~12 µs (epsilon changes only between batches, when the
-        loop anneals it)."""
+        step. Why ahead: the draws do not depend on the observations, and drawn per step (draw, compare, check, select)
+        they cost as much as a CartPole simulator step (epsilon changes only between batches, when the loop anneals
+        it)."""
         qvalue_actor, greedy = self.module
         explore = (torch.rand(steps, n) < greedy.eps).numpy()
         random_action = torch.randint(self.n_actions, (steps, n)).numpy()
@@ -125,8 +124,8 @@ class DeterministicActor(TensorDictModuleBase):
     """A :class:`TanhNormalActor`'s evaluation policy: the deterministic sample of its distribution (what torchrl's
     DETERMINISTIC exploration type gives), computed without tensordict's exploration type. Why: tensordict 0.14.3 keeps
     that type in one process-wide variable (its ``get_dist`` sets it too), so the evaluator thread's DETERMINISTIC
-    leaked into the training thread (a compiled learner step recompiled on it, 2026-12-02) and the losses' RANDOM
-    into evaluation."""
+    leaked into the training thread (a compiled learner step recompiled on it) and the losses' RANDOM into
+    evaluation."""
 
     def __init__(self, actor: TanhNormalActor):
         super().__init__()

@@ -1,8 +1,7 @@
 """Local collection for Gymnasium state-vector envs without torchrl's ``Collector`` (``collector.lean=true``).
 
-Why our own: at one CartPole env, torchrl's GymEnv, its transforms and the Collector cost ~400 µs per env step around
-a ~6 µs simulator step (benchmarks/offpolicy_collection_cost.py; by cProfile, tensordict and torchrl Python work on
-every step). Here the Gymnasium env copies are stepped in a loop into numpy arrays, the policy (the same torchrl
+Why our own: at one CartPole env, torchrl's GymEnv, its transforms and the Collector cost tens of times the simulator
+step itself (benchmarks/offpolicy_collection_cost.py; by cProfile, tensordict and torchrl Python work on every step). Here the Gymnasium env copies are stepped in a loop into numpy arrays, the policy (the same torchrl
 modules) acts on plain tensors where it can (:class:`~offpolicy.algos.base.DrawsAhead`: DQN's epsilon-greedy, its
 randomness drawn once per batch; :class:`~offpolicy.algos.base.ActsOnTensors`; else one small TensorDict per step),
 the episode bookkeeping is done once per batch, and each batch becomes one TensorDict with the keys the engine reads
@@ -52,8 +51,8 @@ class LeanCollector:
 
     A step only acts, steps the copies and writes their results into the batch's preallocated numpy arrays; the
     episode bookkeeping (``is_init``, step counts, episode returns, trajectory ids) is computed for the whole batch at
-    its end, and the batch becomes tensors once. Why: each small per-step array operation costs 1-5 µs here, and at
-    one CartPole copy they were half of a ~170 µs collection step (benchmarks/offpolicy_collection_cost.py).
+    its end, and the batch becomes tensors once. Why: at one CartPole copy the small per-step array operations were
+    half of a collection step (benchmarks/offpolicy_collection_cost.py).
     """
 
     def __init__(self, cfg: DictConfig, spec_env, policy, seed: int, obs_norm: dict | None, env_steps_per_batch: int):
@@ -65,8 +64,8 @@ class LeanCollector:
         # DDPG with Gaussian noise), or on one small TensorDict per step (OU noise keeps its process state there)
         self.mode = "draws" if isinstance(policy, DrawsAhead) else "act" if isinstance(policy, ActsOnTensors) else "td"
         self.steps = env_steps_per_batch // n
-        # the copies stepped in a loop here, not by Gymnasium's SyncVectorEnv: its step costs ~20 µs more per call
-        # (info dicts merged, observations copied), a quarter of a CartPole collection step
+        # the copies stepped in a loop here, not by Gymnasium's SyncVectorEnv: its step adds work per call (info dicts
+        # merged, observations copied), a quarter of a CartPole collection step
         self.envs = [make_gym(cfg.env.name) for _ in range(n)]  # a failure of the env is an EnvFault
         self.observation = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)]
                                     ).astype(np.float32)  # torchrl's DoubleToFloat

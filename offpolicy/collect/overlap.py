@@ -3,7 +3,7 @@ the lean collector, or torchrl's Collector over the ALE vector env (Atari; the b
 through shared memory and this process writes them into its replay, the frame replay too).
 
 Why: at CleanRL's DQN setting (one CartPole env, one update per 10 env steps) collecting and learning each take about
-half of a round in one process (82 and 107 µs per env step, benchmarks/offpolicy_throughput.py), so on two cores the
+half of a round in one process (docs/results.md, "Collection overlapped with learning"), so on two cores the
 child collects round k+1 while this process learns on round k. The price is one round of policy lag: the
 transitions of round k come from policy version k-1 (the weights published after round k-2), not k.
 

@@ -112,7 +112,7 @@ class LearnerRank:
         self.learner = builder.learner(self.parts, specs.action_spec_unbatched, world_size=world_size,
                                        grad_sync=rank_sync(self.parts.loss, world_size) if world_size > 1 else None,
                                        chunk=max(cfg.ray.prefetch, 1), device=self.device,
-                                       overlap_sampling=True)  # the replay actor's ~10 ms calls hide behind learning
+                                       overlap_sampling=True)  # the replay actor's round trips hide behind learning
         # each rank draws its own samples and noise, from the run's seed (a resumed run's is new: new draws)
         torch.manual_seed(seed + 1 + rank)
         self.backend = cfg.ray.backend

@@ -5,9 +5,9 @@ seeds and the current weights, up to ``ray.max_collector_restarts`` times in a r
 Each actor (:class:`CollectorActor`) runs what the local engine runs in its own process: the run's collector from
 :meth:`Builder.collector` (our lean collector for Gymnasium state-vector envs, torchrl's ``Collector`` otherwise),
 each batch flattened by :func:`for_replay` and written into the replay actor, its statistics kept by a
-:class:`RolloutStats`. Why not torchrl's ``RayCollector``: its actors are torchrl ``Collector``s, which cost ~2 ms
-per CartPole env step inside an actor here (the lean collector: ~0.2 ms; a Ray SAC run spent 2.1 s of every
-1,000-step round collecting, against 0.4 s locally), its round iterator ends with the first ``RayActorError``, and
+:class:`RolloutStats`. Why not torchrl's ``RayCollector``: its actors are torchrl ``Collector``s, which cost about ten
+times the lean collector per CartPole env step inside an actor (a Ray SAC run spent several times the local run's time
+collecting; docs/ray.md), its round iterator ends with the first ``RayActorError``, and
 its default weight sync joins the driver and every actor in one torch.distributed group, which a dead member breaks
 for good. Weights go through Ray's object store (one ``ray.put`` per publication).
 

@@ -145,6 +145,6 @@ def measure(cfg: DictConfig, backends: tuple[str, ...] = ()) -> Rates:
         rates.eval_step_s = _timed(eval_step)
     finally:
         eval_env.close()
-    if backends:  # last: building 1,024 Gymnasium copies first slowed the learner update measured after it by ~1.8x
+    if backends:  # last: building 1,024 Gymnasium copies first slowed the learner update measured after them
         rates.env_step_s = env_step_table(cfg, backends)
     return rates
