@@ -40,17 +40,19 @@ class Builder:
         """The evaluation env: one copy, seeded apart from training; Atari plays whole games."""
         return envs.make_eval_env(self.cfg, render=render, obs_norm=obs_norm)
 
-    def parts(self, specs) -> AlgoParts:
+    def parts(self, specs, device: torch.device = torch.device("cpu")) -> AlgoParts:
         """The algorithm's networks, policies, exploration, loss, optimisers and target updates for ``specs``
-        (anything with torchrl ``*_spec_unbatched``), after checking that the env's actions suit it. Every path that
-        builds an algorithm's parts comes here (training, both engines' actors and ranks, evaluation and export of a
-        checkpoint, the tools): what must hold before a torchrl loss is built is done here, for every algorithm."""
+        (anything with torchrl ``*_spec_unbatched``), for a learner computing on ``device`` (the engine's
+        ``learner_device``; the CPU for evaluation and export), after checking that the env's actions suit it. Every
+        path that builds an algorithm's parts comes here (training, both engines' actors and ranks, evaluation and
+        export of a checkpoint, the tools): what must hold before a torchrl loss is built is done here, for every
+        algorithm."""
         algo = algorithm(self.cfg.algo)
         algo.check_actions(self.cfg.env.name, specs.action_spec_unbatched)
         # the losses' Q-ensemble loop without tensordict's pytree edits, which made a compiled learner step recompile
         # on every call (shared/compat.py); looked up when a loss is built, so before ``build``
         compat.pseudo_vmap_without_pytree_edits()
-        return algo.build(self.cfg, specs)
+        return algo.build(self.cfg, specs, device)
 
     def collector(self, env, policy, seed: int | None = None, *, env_steps_per_batch: int | None = None,
                   policy_device: torch.device | None = None):

@@ -371,7 +371,8 @@ class RayConfig:
     learner_cpus: float = key(1.0, 'CPUs reserved per learner rank', min=0)
     learner_gpus: float = key(0.0, 'GPUs per learner rank (nccl: 1)', min=0)
     prefetch: int = key(32, "batches a learner rank fetches per replay call (0 or 1 = one per call): amortises the "
-                            "~5-10 ms round trip; uniform draws from a replay that does not change during a round",
+                            "replay actor's round trip; uniform draws from a replay that does not change during a "
+                            "round",
                             min=0, integer=True)
     setup_timeout_s: int = key(60, "actors that cannot be placed or connected within this fail the run with an error",
                                    min=1)

@@ -77,7 +77,7 @@ class Run:
         env = builder.train_env(checkpoint.obs_norm if checkpoint is not None else None, seed=seed,
                                 num_envs=engine_cls.training_env_copies(cfg))
         try:
-            self.parts = parts = builder.parts(env)  # (checks the env's actions suit the algorithm before any file)
+            self.parts = parts = builder.parts(env, engine_cls.learner_device(cfg))  # (checks the env's actions suit the algorithm before any file)
             self.run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{cfg.env.name}")
             self.obs_norm = obs_norm_state(env)
         except BaseException:

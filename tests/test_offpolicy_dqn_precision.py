@@ -23,8 +23,9 @@ def test_auto_is_bfloat16_only_where_the_device_computes_it_natively(monkeypatch
 
 
 def test_auto_asks_about_the_learners_device(monkeypatch):
-    """DQN's build asks ``conv_precision`` about the device its learner runs on: the CPU locally and with Gloo, CUDA
-    with NCCL (so a CPU-only driver never picks bf16 for a GPU learner from its own CPU flags)."""
+    """DQN's build asks ``conv_precision`` about the device its learner runs on, which the builder hands it (the
+    engine's learner device: the CPU locally and with Gloo, CUDA with NCCL, so a CPU-only driver never picks bf16 for
+    a GPU learner from its own CPU flags)."""
     from omegaconf import OmegaConf
 
     from offpolicy.algos import dqn
@@ -37,8 +38,12 @@ def test_auto_asks_about_the_learners_device(monkeypatch):
         torch.device("cpu"), torch.device("cpu"), torch.device("cuda")]
     asked = []
     monkeypatch.setattr(dqn, "conv_precision", lambda choice, device_type: asked.append(device_type) or "float32")
-    smoke_parts("dqn", "env=Pong", "replay.size=300")
+    cfg, env, _, _ = smoke_parts("dqn", "env=Pong", "replay.size=300")
     assert asked == ["cpu"]
+    from offpolicy.builder import Builder
+
+    Builder(cfg).parts(env, torch.device("cuda"))  # a learner rank on a GPU (nothing is moved there here)
+    assert asked == ["cpu", "cuda"]
 
 
 def test_a_bf16_trunk_computes_in_bf16_and_keeps_float32_features_parameters_and_gradients():

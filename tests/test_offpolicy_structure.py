@@ -246,11 +246,6 @@ def _cycles(graph) -> list[str]:
     return cycles
 
 
-# the one package cycle left: DQN's build asks the engine for its learner's device (dqn.conv_precision=auto), while
-# the engines build the algorithms' parts; to go when the builder hands the device to an algorithm's build
-DQN_ASKS_THE_ENGINE = ("offpolicy.algos", "offpolicy.engines")
-
-
 def test_no_package_imports_itself_through_others():
     """The packages are layered, lazy imports counted: shared below both engines, a3c and the off-policy packages
     apart, and within offpolicy no cycle between its subpackages and its own modules."""
@@ -258,10 +253,6 @@ def test_no_package_imports_itself_through_others():
     assert "offpolicy" not in {target.split(".")[0] for target in graph["shared"]}, dict(graph["shared"])
     assert "a3c" not in {target.split(".")[0] for target in graph["shared"]}, dict(graph["shared"])
     assert not any(t.startswith("a3c") for s in graph if s.startswith("offpolicy") for t in graph[s])
-    source, target = DQN_ASKS_THE_ENGINE
-    assert graph[source].get(target), "the algorithms no longer import the engines: remove DQN_ASKS_THE_ENGINE"
-    assert {where.split(":")[0] for where in graph[source][target]} == {"offpolicy/algos/dqn.py"}, graph[source][target]
-    del graph[source][target]
     assert not _cycles(graph), _cycles(graph)
     assert _cycles({"a": {"b": []}, "b": {"a": []}}) == ["a -> b -> a"]  # the check sees a cycle
 

@@ -87,7 +87,8 @@ class Algorithm:
     name: str
     discrete: bool  # action space: discrete (one-hot, e.g. CartPole, ALE games) or bounded continuous
     smoke_env: str  # the env of its smoke runs (``offpolicy.tools.suite profile=*smoke``)
-    build: Callable[[DictConfig, object], AlgoParts]  # (cfg, anything with torchrl ``*_spec_unbatched``) -> parts
+    # (cfg, anything with torchrl ``*_spec_unbatched``, the learner's torch.device) -> parts
+    build: Callable[[DictConfig, object, torch.device], AlgoParts]
     # its config section ``<name>``: a dataclass declaring each key (default, rule, doc; shared/schema.py) and its
     # checks across them
     config: type

@@ -18,7 +18,7 @@ from offpolicy.algos.policies import DeterministicActor, DeterministicTanhNormal
 from shared.schema import key
 
 
-def build(cfg, env) -> AlgoParts:
+def build(cfg, env, device) -> AlgoParts:
     from torchrl.objectives import CrossQLoss
 
     obs_spec, action_spec = nets.specs(env)

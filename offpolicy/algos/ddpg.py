@@ -10,7 +10,7 @@ from offpolicy.algos.policies import SquashedActor, noisy_policy
 from shared.schema import key
 
 
-def build(cfg, env) -> AlgoParts:
+def build(cfg, env, device) -> AlgoParts:
     from torchrl.objectives import DDPGLoss
 
     obs_spec, action_spec = nets.specs(env)

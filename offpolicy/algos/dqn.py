@@ -5,43 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import EpsilonGreedyPolicy, GreedyQ
-from offpolicy.engines import engine_class
 from offpolicy.network_updates import OptimGroup
-from shared.models import CONV_PRECISIONS, AtariTrunk, DuelingHead, conv_precision, mlp
+from shared.models import CONV_PRECISIONS, conv_precision
 from shared.schema import key
 
 
-def q_network(model, obs_spec, n_actions: int, dueling: bool, precision: str = "float32") -> nn.Module:
-    """``observation -> Q values``: the Nature CNN on Atari frames (uint8 [C, H, W]) or the MLP of the ``model``
-    section; ``dueling``: the last dense layer (Atari: 512 units) becomes a value and an advantage stream.
-    ``precision`` (float32 | bfloat16): the CNN's compute precision; its head stays float32."""
-    if obs_spec.dtype == torch.uint8:
-        # channels-last pays in float32 only: under bf16 it made the update slower (benchmarks/atari_dqn_update_cost.py)
-        trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature", dense=not dueling,
-                           channels_last=precision == "float32", precision=precision)
-        head = DuelingHead(trunk.out_features, n_actions, 512) if dueling else nn.Linear(trunk.out_features, n_actions)
-        return nn.Sequential(trunk, head)
-    hidden, act = nets.hidden(model), nets.activation(model)
-    if not dueling:
-        return mlp(obs_spec.shape[-1], n_actions, hidden, act)
-    body = mlp(obs_spec.shape[-1], hidden[-2], hidden[:-2], act) if len(hidden) > 1 else nn.Identity()
-    width = hidden[-2] if len(hidden) > 1 else obs_spec.shape[-1]
-    activation = [act()] if len(hidden) > 1 else []
-    return nn.Sequential(body, *activation, DuelingHead(width, n_actions, hidden[-1], act))
-
-
-def build(cfg, env) -> AlgoParts:
+def build(cfg, env, device) -> AlgoParts:
     from torchrl.modules import EGreedyModule, QValueActor
     from torchrl.objectives import DQNLoss
 
     obs_spec, action_spec = nets.specs(env)
-    precision = conv_precision(cfg.dqn.conv_precision, engine_class(cfg.engine).learner_device(cfg).type)
-    qnet = QValueActor(q_network(cfg.model, obs_spec, action_spec.shape[-1], cfg.dqn.dueling, precision),
+    precision = conv_precision(cfg.dqn.conv_precision, device.type)
+    qnet = QValueActor(nets.q_network(cfg.model, obs_spec, action_spec.shape[-1], cfg.dqn.dueling, precision),
                        in_keys=["observation"], spec=action_spec)
     greedy = EGreedyModule(action_spec, eps_init=cfg.dqn.eps_init, eps_end=cfg.dqn.eps_end,
                            annealing_num_steps=cfg.dqn.eps_anneal_env_steps)

@@ -14,7 +14,7 @@ from torch import nn
 from torchrl.modules import BatchRenorm1d
 
 from offpolicy.network_updates import OptimGroup, TargetUpdate
-from shared.models import PixelEncoder, ReLU, mlp
+from shared.models import AtariTrunk, DuelingHead, PixelEncoder, ReLU, mlp
 from shared.schema import key
 
 ACTIVATIONS = {"relu": ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
@@ -247,3 +247,22 @@ def critic_only(loss_method, ensemble_td_error: bool) -> Callable:
         td_error = metadata["td_error"].detach()
         return value, td_error.max(0)[0] if ensemble_td_error else td_error
     return run
+
+
+def q_network(model, obs_spec, n_actions: int, dueling: bool, precision: str = "float32") -> nn.Module:
+    """``observation -> Q values``: the Nature CNN on Atari frames (uint8 [C, H, W]) or the MLP of the ``model``
+    section; ``dueling``: the last dense layer (Atari: 512 units) becomes a value and an advantage stream.
+    ``precision`` (float32 | bfloat16): the CNN's compute precision; its head stays float32."""
+    if obs_spec.dtype == torch.uint8:
+        # channels-last pays in float32 only: under bf16 it made the update slower (benchmarks/atari_dqn_update_cost.py)
+        trunk = AtariTrunk(obs_spec.shape[-3], obs_spec.shape[-1], "nature", dense=not dueling,
+                           channels_last=precision == "float32", precision=precision)
+        head = DuelingHead(trunk.out_features, n_actions, 512) if dueling else nn.Linear(trunk.out_features, n_actions)
+        return nn.Sequential(trunk, head)
+    sizes, act = hidden(model), activation(model)
+    if not dueling:
+        return mlp(obs_spec.shape[-1], n_actions, sizes, act)
+    body = mlp(obs_spec.shape[-1], sizes[-2], sizes[:-2], act) if len(sizes) > 1 else nn.Identity()
+    width = sizes[-2] if len(sizes) > 1 else obs_spec.shape[-1]
+    between = [act()] if len(sizes) > 1 else []
+    return nn.Sequential(body, *between, DuelingHead(width, n_actions, sizes[-1], act))

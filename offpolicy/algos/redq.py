@@ -76,7 +76,7 @@ class SplitREDQLoss(REDQLoss):
                            "alpha": alpha, "entropy": -log_prob.detach().mean()}, [])
 
 
-def build(cfg, env) -> AlgoParts:
+def build(cfg, env, device) -> AlgoParts:
     obs_spec, action_spec = nets.specs(env)
     actor = nets.tanh_normal_actor(cfg.model, obs_spec, action_spec)
     loss = nets.with_value_estimator(cfg.loss, SplitREDQLoss(

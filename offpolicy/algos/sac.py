@@ -9,7 +9,7 @@ from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import DeterministicActor, DeterministicTanhNormal
 
 
-def build(cfg, env) -> AlgoParts:
+def build(cfg, env, device) -> AlgoParts:
     from torchrl.objectives import SACLoss
 
     obs_spec, action_spec = nets.specs(env)

@@ -37,7 +37,7 @@ def make_loss(cfg, actor, critic, action_spec):
     return nets.with_value_estimator(cfg.loss, loss)
 
 
-def build(cfg, env) -> AlgoParts:
+def build(cfg, env, device) -> AlgoParts:
     obs_spec, action_spec = nets.specs(env)
     actor = nets.continuous_actor(cfg.model, obs_spec, action_spec)
     noise = nets.noise(cfg.td3, action_spec, cfg.td3.anneal_env_steps)

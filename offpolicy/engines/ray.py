@@ -106,7 +106,7 @@ class LearnerRank:
         self.rank, self.world_size = rank, world_size
         self.device = RayEngine.learner_device(cfg)
         builder = Builder(cfg)
-        self.parts: AlgoParts = builder.parts(specs)
+        self.parts: AlgoParts = builder.parts(specs, self.device)
         self.parts.loss.to(self.device)
         self.replay = replay
         self.learner = builder.learner(self.parts, specs.action_spec_unbatched, world_size=world_size,
