@@ -38,13 +38,8 @@ def build(cfg, env, device) -> AlgoParts:
     )
 
 @dataclass
-class DQNConfig:
+class DQNConfig(nets.EpsilonGreedyConfig):
     """DQN's section"""
-
-    eps_init: float = key(1.0, "epsilon-greedy: starts fully random...", min=0, max=1)
-    eps_end: float = key(0.04, "...and anneals linearly to this", min=0, max=1)
-    eps_anneal_env_steps: int = key(8000, "over this many collected env steps (the module is stepped after every "
-                                          "batch)", min=1, integer=True)
     double: bool = key(False, "double DQN target (van Hasselt et al. 2016)")
     dueling: bool = key(False, "dueling Q head (Wang et al. 2016): value and advantage streams with their own last "
                                "hidden layer, Q = V + A - mean(A); on Atari two 512-unit streams after the convolutions")

@@ -33,6 +33,16 @@ class NoiseConfig:
 
 
 @dataclass
+class EpsilonGreedyConfig:
+    """The epsilon-greedy keys of a value-based section (DQN, and any Q-learning variant)."""
+
+    eps_init: float = key(1.0, "epsilon-greedy: starts fully random...", min=0, max=1)
+    eps_end: float = key(0.04, "...and anneals linearly to this", min=0, max=1)
+    eps_anneal_env_steps: int = key(8000, "over this many collected env steps (the module is stepped after every "
+                                          "batch)", min=1, integer=True)
+
+
+@dataclass
 class TemperatureConfig:
     """The entropy-temperature keys of a SAC-family section (SAC, CrossQ, REDQ)."""
 
