@@ -8,18 +8,18 @@ import json
 import signal
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from offpolicy.algos.base import AlgoParts
 from offpolicy.builder import Builder
 from offpolicy.checkpoint import Checkpoint
 from offpolicy.compiling import CompileChoice
 from offpolicy.engines import engine_class
-from offpolicy.engines.base import Engine, LearnerLost
+from offpolicy.engines.base import LearnerLost
 from offpolicy.envs import eval_max_steps, obs_norm_state
 from offpolicy.evaluate import AsyncEvaluator
 from offpolicy.invariants import InvariantError, RoundInvariants
@@ -41,24 +41,6 @@ def optim_steps_per_batch(cfg: DictConfig) -> int:
     return round(cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch)
 
 
-def start_line(cfg: DictConfig, engine: Engine, compiled: CompileChoice, parts: AlgoParts, run_dir: Path,
-               progress: Progress, resumed: bool, threads: int) -> str:
-    """What a run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill, whether
-    the learner step is compiled and why, on how many (``threads``) threads, what the parts add (DQN's CNN precision),
-    run directory."""
-    flushed = ("subnormals flushed" if denormals.every_thread_flushes() else
-               "subnormals flushed on the main thread only (torch's threads started before this run)")
-    return (f"offpolicy {cfg.algo} on {cfg.env.name}: {engine.describe()}UTD {cfg.optim.utd_ratio:g} optimiser steps "
-            f"per collected transition = {optim_steps_per_batch(cfg)} steps per "
-            f"{cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
-            f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
-            f"{cfg.collector.prefill_env_steps} env steps; learner step {compiled.describe()} on "
-            f"{threads} torch thread{'s' if threads > 1 else ''} (threads={cfg.threads}), {flushed}; "
-            + (f"{parts.describe}; " if parts.describe else "")
-            + f"run dir {run_dir}"
-            + (f"; resumed at {progress.env_steps} env steps" if resumed else ""))
-
-
 class Run:
     """One training run of ``cfg`` (resumed from ``checkpoint``): its engine, logger, evaluator, counters,
     invariants, metrics, checkpoints and stop flags. :meth:`train` runs it to the end."""
@@ -69,39 +51,35 @@ class Run:
         seed = resumed_seed(cfg.seed, progress.env_steps)  # a resumed run plays new episodes, not the first run's again
         builder = Builder(cfg)
         engine_cls = engine_class(cfg.engine)  # the one place where local or Ray is chosen
-        threads = engine_cls.learner_threads(cfg)
-        denormals.start_intra_op_threads(threads)  # before the run's first parallel op: they inherit FTZ
-        spawns = engine_cls.spawned_children(cfg)
-        if spawns is not None:  # before the first child: a script without a __main__ guard would start it again
-            check_main_guard(f"offpolicy.train with {spawns}")
-        env = builder.train_env(checkpoint.obs_norm if checkpoint is not None else None, seed=seed,
-                                num_envs=engine_cls.training_env_copies(cfg))
-        try:
-            self.parts = parts = builder.parts(env, engine_cls.learner_device(cfg))  # (checks the env's actions suit the algorithm before any file)
+        needs = engine_cls.run_needs(cfg)
+        denormals.start_intra_op_threads(needs.threads)  # before the run's first parallel op: they inherit FTZ
+        if needs.spawns is not None:  # before the first child: a script without a __main__ guard would start it again
+            check_main_guard(f"offpolicy.train with {needs.spawns}")
+        self.steps_per_batch = optim_steps_per_batch(cfg)
+        # each resource in the order it starts; a step that fails closes those started before it, in reverse order
+        with ExitStack() as started:
+            env = builder.train_env(checkpoint.obs_norm if checkpoint is not None else None, seed=seed,
+                                    num_envs=needs.env_copies)
+            started.callback(env.close)
+            # the parts check that the env's actions suit the algorithm, before the run writes any file
+            self.parts = parts = builder.parts(env, needs.device)
             self.run_dir = make_run_dir(cfg, f"offpolicy-{cfg.algo}-{cfg.env.name}")
             self.obs_norm = obs_norm_state(env)
-        except BaseException:
-            env.close()
-            raise
-        self.engine = engine_cls(builder, env, parts, self.run_dir, seed)  # owns env from here (closes it)
-        try:
+            started.pop_all()  # the engine owns env from here: it closes it, also when it fails to start
+            self.engine = engine_cls(builder, env, parts, self.run_dir, seed)
+            started.callback(self.engine.close)
             if checkpoint is not None:
                 checkpoint.restore(self.engine, parts.exploration, storage=cfg.replay.storage,
                                    version=progress.batches)
-            print(start_line(cfg, self.engine, builder.compile, parts, self.run_dir, progress,
-                             resumed=checkpoint is not None, threads=threads), flush=True)
+            print(self.start_line(builder.compile, needs.threads, resumed=checkpoint is not None), flush=True)
             self.logger = SharedLogger(make_logger(cfg.logger.backend, self.run_dir,
                                                    config=OmegaConf.to_container(cfg, resolve=True)))
+            started.callback(self.logger.close)
             self.evaluator = AsyncEvaluator(
                 lambda render: builder.eval_env(render=render, obs_norm=self.obs_norm), parts.eval_policy,
                 self.logger, episodes=cfg.eval.episodes, max_steps=eval_max_steps(cfg),
                 video_dir=self.run_dir / "videos" if cfg.eval.video else None)
-        except BaseException:
-            self.engine.close()
-            if hasattr(self, "logger"):  # the evaluator failed to start after the logger opened its files
-                self.logger.close()
-            raise
-        self.steps_per_batch = optim_steps_per_batch(cfg)
+            started.pop_all()  # all started: train() closes them
         self.invariants = RoundInvariants(self.engine.replay_writes(), self.engine.policy_lag)
         self.bar = tqdm(total=cfg.total_env_steps, initial=progress.env_steps, unit="step", unit_scale=True,
                         dynamic_ncols=True) if cfg.logger.progress_bar else None
@@ -120,6 +98,23 @@ class Run:
         interval = cfg.eval.interval_env_steps
         self._next_eval = (progress.env_steps // interval + 1) * interval if interval else None
         self._last_checkpoint = time.monotonic()
+
+    def start_line(self, compiled: CompileChoice, threads: int, resumed: bool) -> str:
+        """What the run prints when it starts: algorithm, env, where the parts run, UTD and replay ratio, prefill,
+        whether the learner step is compiled and why, on how many (``threads``) threads, what the parts add (DQN's CNN
+        precision), run directory, and where a ``resumed`` run goes on from."""
+        cfg = self.cfg
+        flushed = ("subnormals flushed" if denormals.every_thread_flushes() else
+                   "subnormals flushed on the main thread only (torch's threads started before this run)")
+        return (f"offpolicy {cfg.algo} on {cfg.env.name}: {self.engine.describe()}UTD {cfg.optim.utd_ratio:g} "
+                f"optimiser steps per collected transition = {self.steps_per_batch} steps per "
+                f"{cfg.collector.env_steps_per_batch}-transition batch, batch size {cfg.optim.batch_size} "
+                f"({cfg.optim.batch_size * cfg.optim.utd_ratio:g} replayed samples per transition); prefill "
+                f"{cfg.collector.prefill_env_steps} env steps; learner step {compiled.describe()} on "
+                f"{threads} torch thread{'s' if threads > 1 else ''} (threads={cfg.threads}), {flushed}; "
+                + (f"{self.parts.describe}; " if self.parts.describe else "")
+                + f"run dir {self.run_dir}"
+                + (f"; resumed at {self.progress.env_steps} env steps" if resumed else ""))
 
     def train(self, loop: Callable[["Run"], None]) -> dict:
         """Run ``loop(self)`` until it ends or is stopped (:meth:`until_stopped`), close the engine, run the final

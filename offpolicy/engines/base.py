@@ -1,9 +1,10 @@
 """The seam between the training loop and where its parts run, and nothing else: the interface an engine offers.
 
 An engine owns the collector(s), the replay buffer and the learner; the loop (offpolicy/loop.py) only calls the
-instance methods below, the same way for every engine. Before an engine exists, the config check, the entry point,
-the collector and the planner ask its class what differs by engine (its checked config, the learner's threads and
-device, how many collectors share a batch, whether a collector's policy runs on the CPU, what the planner models);
+instance methods below, the same way for every engine. Before an engine exists, the config check, the run, the
+collector and the planner ask its class what differs by engine (its checked config, what a run sets up for it, the
+learner's threads and device, how many collectors share a batch, whether a collector's policy runs on the CPU, what
+the planner models);
 none of them compares the engine's name or imports an engine module (offpolicy/engines/__init__.py finds the class by
 name).
 
@@ -13,6 +14,7 @@ a replay actor, and learner ranks that average their gradients with torch.distri
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -24,6 +26,18 @@ from shared.config import ConfigError
 
 class LearnerLost(RuntimeError):
     """The learner is gone (a Ray rank died) and no learner state exists at the current frame count."""
+
+
+@dataclass(frozen=True)
+class RunNeeds:
+    """What a run sets up for an engine before it builds it (:meth:`Engine.run_needs`)."""
+
+    threads: int  # torch intra-op threads of the learner, started before the run's first parallel op
+    device: torch.device  # where the learner computes: the algorithm's parts are built for it
+    env_copies: int  # training env copies the run builds as torchrl envs (the engine's other copies are its own)
+    # the setting that makes this process spawn children (which import ``__main__`` again), None: none; the run
+    # checks for a ``__main__`` guard before the first child
+    spawns: str | None = None
 
 
 class Engine(ABC):
@@ -90,15 +104,10 @@ class Engine(ABC):
     def resources(cfg: DictConfig) -> dict[str, float]:
         """CPUs and GPUs the run's collectors and learners reserve."""
 
-    @staticmethod
+    @classmethod
     @abstractmethod
-    def training_env_copies(cfg: DictConfig) -> int:
-        """Env copies the training process builds as torchrl envs (the others step copies of their own)."""
-
-    @staticmethod
-    def spawned_children(cfg: DictConfig) -> str | None:
-        """The setting that makes this process spawn children (which import ``__main__`` again), None: none."""
-        return None
+    def run_needs(cls, cfg: DictConfig) -> RunNeeds:
+        """What a run of ``cfg`` sets up before it builds this engine, in one answer."""
 
     @staticmethod
     def describe_failure(exc: BaseException) -> str | None:

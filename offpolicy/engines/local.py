@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from offpolicy.algos import AlgoParts
 from offpolicy.collect.overlap import BackgroundCollector, CollectorLost
 from offpolicy.collect.statistics import Rollout, RolloutStats, next_batch
-from offpolicy.engines.base import Engine
+from offpolicy.engines.base import Engine, RunNeeds
 from offpolicy.envs import obs_norm_state, reported_env_fault
 from offpolicy.replay import ReplayJournal, journal_dir, replay_scratch_dir, replay_state, restore_replay
 from shared import compat
@@ -68,15 +68,6 @@ class LocalEngine(Engine):
                               "ALE game")
 
     @staticmethod
-    def spawned_children(cfg: DictConfig) -> str | None:
-        if cfg.collector.overlap:
-            return "collector.overlap=true"
-        if (cfg.env.vector == "process" and cfg.env.num_envs > 1 and cfg.env.backend == "gymnasium"
-                and cfg.env.kind != "atari"):  # a ParallelEnv (offpolicy/envs.py)
-            return "env.vector=process"
-        return None
-
-    @staticmethod
     def describe_failure(exc: BaseException) -> str | None:
         return str(exc) if isinstance(exc, CollectorLost) else None
 
@@ -87,6 +78,19 @@ class LocalEngine(Engine):
         from offpolicy.collect.lean import torchrl_env_copies
 
         return 1 if cfg.collector.overlap else torchrl_env_copies(cfg)
+
+    @classmethod
+    def run_needs(cls, cfg: DictConfig) -> RunNeeds:
+        """This process's learner threads and the CPU, :meth:`training_env_copies`, and the children it spawns: the
+        overlapped collector's process, or one process per env copy (a ParallelEnv, offpolicy/envs.py)."""
+        spawns = None
+        if cfg.collector.overlap:
+            spawns = "collector.overlap=true"
+        elif (cfg.env.vector == "process" and cfg.env.num_envs > 1 and cfg.env.backend == "gymnasium"
+              and cfg.env.kind != "atari"):
+            spawns = "env.vector=process"
+        return RunNeeds(threads=cls.learner_threads(cfg), device=cls.learner_device(cfg),
+                        env_copies=cls.training_env_copies(cfg), spawns=spawns)
 
     def __init__(self, builder, env, parts: AlgoParts, run_dir: Path, seed: int):
         cfg = self.cfg = builder.cfg

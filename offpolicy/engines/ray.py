@@ -33,7 +33,7 @@ from offpolicy import prepare_process
 from offpolicy.algos import AlgoParts
 from offpolicy.builder import Builder
 from offpolicy.collect.statistics import Rollout
-from offpolicy.engines.base import Engine, LearnerLost
+from offpolicy.engines.base import Engine, LearnerLost, RunNeeds
 from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted, ShareReplayBuffer
 from offpolicy.envs import obs_norm_state
 from offpolicy.invariants import InvariantError
@@ -262,10 +262,11 @@ class RayEngine(Engine):
                 "collector_cpus": r.collector_cpus, "collector_gpus": r.collector_gpus,
                 "learner_gpus": r.learner_gpus, "resources": cls.resources(cfg), "ray_actors": True}
 
-    @staticmethod
-    def training_env_copies(cfg: DictConfig) -> int:
-        """One: the driver reads its specs and statistics; the collector actors build their own copies."""
-        return 1
+    @classmethod
+    def run_needs(cls, cfg: DictConfig) -> RunNeeds:
+        """The driver's threads (a learner rank's), the learner's device, one env copy (the driver reads its specs and
+        statistics; the collector actors build their own copies); Ray starts its processes itself."""
+        return RunNeeds(threads=cls.learner_threads(cfg), device=cls.learner_device(cfg), env_copies=1)
 
     @staticmethod
     def describe_failure(exc: BaseException) -> str | None:
