@@ -42,6 +42,9 @@ CASES = {
     # run it with jobs=1)
     "dqn-cartpole-overlap": (["algo=dqn", "env=CartPole-v1", "total_env_steps=50000", "eval.interval_env_steps=2500",
                               "eval.episodes=5", "collector.overlap=true", "threads=1"], 500.0, 50_000),
+    # distributional DQN (C51) with DQN's settings
+    "c51-cartpole": (["algo=c51", "env=CartPole-v1", "total_env_steps=50000", "eval.interval_env_steps=2500",
+                      "eval.episodes=5"], 500.0, 50_000),
     "sac-pendulum": (["algo=sac", *PENDULUM], -200.0, 20_000),
     "td3-pendulum": (["algo=td3", *PENDULUM], -200.0, 20_000),
     # the compiled learner step (relu without a mask, only tensor guards: compile's defaults) learns as the eager one

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
+from offpolicy.algos import algorithm
+
 
 @dataclass(frozen=True)
 class CompileChoice:
@@ -44,6 +46,8 @@ def compile_choice(cfg: DictConfig) -> CompileChoice:
     setting = cfg.compile.enabled
     if setting is False:
         return CompileChoice(False, "compile.enabled=false")
+    if not algorithm(cfg.algo).compiles:
+        return CompileChoice(False, f"{cfg.algo}'s loss does not run under torch.compile")
     if setting == "auto":
         steps, least = planned_optim_steps(cfg), cfg.compile.auto_min_optim_steps
         if steps < least:

@@ -343,6 +343,13 @@ class CompileConfig:
                                   "needs a CUDA learner without gradient averaging: `engine=ray ray.backend=nccl "
                                   "ray.world_size=1`")
 
+    @staticmethod
+    def check(cfg: DictConfig) -> None:
+        """An algorithm whose loss cannot be compiled is not asked to."""
+        if cfg.compile.enabled is True and not algorithm(cfg.algo).compiles:
+            raise ConfigError(f"compile.enabled=true is not allowed for {cfg.algo}; allowed: auto or false (its loss "
+                              "does not run under torch.compile)")
+
 
 @dataclass
 class InvariantsConfig:

@@ -7,7 +7,7 @@ import torch
 from offpolicy_helpers import smoke_parts
 from omegaconf import OmegaConf
 
-from offpolicy.algos import ALGOS
+from offpolicy.algos import ALGORITHMS, ALGOS
 from offpolicy.builder import Builder
 from offpolicy.learner import make_learner
 from offpolicy.config import compose_config
@@ -181,7 +181,7 @@ def test_td3_target_smoothing_noise_is_per_action_dimension():
     assert not {"policy_noise", "noise_clip"} & set(loss.state_dict())
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", [a for a in ALGOS if ALGORITHMS[a].priority == "td_error"])
 def test_priorities_are_abs_td_error_for_every_algorithm(algo):
     """With every Q network zero (and an entropy temperature ~0), the TD error of a transition is its reward: each
     algorithm must give it the priority (|r| + eps)^alpha (Schaul et al.), not r^2 (torchrl's DQN, DDPG and TD3

@@ -93,6 +93,11 @@ class Algorithm:
     # checks across them
     config: type
     shape_keys: tuple[str, ...] = ()  # its keys that shape its networks: a resume cannot change them
+    # whether its loss runs under torch.compile; False: compile.enabled=auto stays eager and true is a config error
+    compiles: bool = True
+    # what its loss writes as each sample's priority ("td_error"): "td_error", |delta| of the Q regression (Schaul
+    # et al.), or "loss", the sample's own loss (a distributional cross-entropy, as Rainbow prioritises)
+    priority: str = "td_error"
 
     def check_actions(self, env_name: str, action_spec) -> None:
         """The env's actions suit the algorithm: discrete (one-hot) or bounded continuous; a ConfigError otherwise.
