@@ -84,7 +84,8 @@ class EnvConfig:
         if atari:
             if not algorithm(cfg.algo).discrete:
                 raise ConfigError(f"env.name={cfg.env.name!r} is an ALE game; allowed for {cfg.algo}: a "
-                                  "continuous-action Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, Humanoid-v5)")
+                                  "continuous-action Gymnasium id (HalfCheetah-v5, Pendulum-v1, Hopper-v5, "
+                                  "Humanoid-v5)")
         else:
             check_gym_name(cfg.env.name)
             if cfg.env.kind == "gymnasium" and ":" not in cfg.env.name:
@@ -93,7 +94,8 @@ class EnvConfig:
                 check_renders(cfg.env.name)
         check_env_backend(cfg)
         if (cfg.env.from_pixels or atari) and cfg.env.obs_norm:
-            raise ConfigError(f"env.obs_norm=true is not allowed with {'an ALE game' if atari else 'env.from_pixels=true'}"
+            images = "an ALE game" if atari else "env.from_pixels=true"
+            raise ConfigError(f"env.obs_norm=true is not allowed with {images}"
                               "; allowed: obs_norm for state observations (images are scaled by 1/255 in the encoder)")
 
 
@@ -168,12 +170,12 @@ class OptimConfig:
         steps = cfg.optim.utd_ratio * cfg.collector.env_steps_per_batch
         if abs(steps - round(steps)) > 1e-6 or round(steps) < 1:
             raise ConfigError(f"optim.utd_ratio={cfg.optim.utd_ratio} gives {steps:g} optimiser steps per batch of "
-                              f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch}; allowed: a utd_ratio "
-                              "that makes it a positive integer")
+                              f"collector.env_steps_per_batch={cfg.collector.env_steps_per_batch}; allowed: a "
+                              "utd_ratio that makes it a positive integer")
         if not cfg.optim.batch_size <= max(cfg.collector.prefill_env_steps, cfg.collector.env_steps_per_batch):
             raise ConfigError(f"optim.batch_size={cfg.optim.batch_size} is not allowed; allowed: <= "
-                              "max(collector.prefill_env_steps, collector.env_steps_per_batch), so the first sample can "
-                              "be drawn")
+                              "max(collector.prefill_env_steps, collector.env_steps_per_batch), so the first sample "
+                              "can be drawn")
         ratio = cfg.optim.batch_size * cfg.optim.utd_ratio
         if cfg.optim.replay_ratio is not None and abs(ratio - cfg.optim.replay_ratio) > 1e-6 * ratio:
             raise ConfigError(f"optim.replay_ratio={cfg.optim.replay_ratio} is not allowed; allowed: optim.batch_size "
@@ -199,7 +201,8 @@ class LossConfig:
         """td1 / tdlambda need trajectories; n-step windows fit in a batch and go with td0 only."""
         if cfg.loss.value_estimator != "td0" and not cfg.replay.slice_len:
             raise ConfigError(f"loss.value_estimator={cfg.loss.value_estimator} is not allowed without "
-                              "replay.slice_len; allowed: td0, or set replay.slice_len so targets run along trajectories")
+                              "replay.slice_len; allowed: td0, or set replay.slice_len so targets run along "
+                              "trajectories")
         steps_per_env = (cfg.collector.env_steps_per_batch // cfg.env.num_envs
                          // engine_class(cfg.engine).collectors(cfg))
         if cfg.loss.n_steps > max(steps_per_env, 1):
@@ -208,8 +211,8 @@ class LossConfig:
                               "collectors): windows stop at the batch's end")
         if cfg.loss.n_steps > 1 and (cfg.loss.value_estimator != "td0" or cfg.replay.slice_len):
             raise ConfigError(f"loss.n_steps={cfg.loss.n_steps} is not allowed with loss.value_estimator="
-                              f"{cfg.loss.value_estimator} and replay.slice_len={cfg.replay.slice_len}; allowed: n_steps "
-                              "> 1 with td0 and no slice_len (td1 / tdlambda already look further ahead)")
+                              f"{cfg.loss.value_estimator} and replay.slice_len={cfg.replay.slice_len}; allowed: "
+                              "n_steps > 1 with td0 and no slice_len (td1 / tdlambda already look further ahead)")
 
 
 @dataclass
@@ -262,9 +265,9 @@ class ReplayConfig:
                                        else None)}
         for name, value in unsupported.items():
             if value is not None:
-                raise ConfigError(f"{name}={value!r} is not allowed with replay.frames_once=true; allowed: an ALE game, "
-                                  "engine=local, replay.storage=memory, uniform replay (no prioritized, no slice_len), "
-                                  "replay.size >= 2 x collector.env_steps_per_batch")
+                raise ConfigError(f"{name}={value!r} is not allowed with replay.frames_once=true; allowed: an ALE "
+                                  "game, engine=local, replay.storage=memory, uniform replay (no prioritized, no "
+                                  "slice_len), replay.size >= 2 x collector.env_steps_per_batch")
 
 
 @dataclass
@@ -310,7 +313,8 @@ class CompileConfig:
                                       "`torch.compile`: one compiled function per kind of step (TD3: critic only, or "
                                       "critic + actor), compiled in the first steps (seconds to tens of seconds on a "
                                       "CPU); the clips and the fused Adam steps stay eager (one kernel each already; "
-                                      "compiled they were slower); a local collection policy on TensorDicts is compiled too (the "
+                                      "compiled they were slower); a local collection policy on TensorDicts is "
+                                      "compiled too (the "
                                       "plain-tensor policies run eager); `summary.json` and `compile/recompiles` "
                                       "count the learner's own recompilations after the warm-up (0 for every "
                                       "algorithm). auto (the default): true when the run's planned optimiser steps, "
@@ -334,7 +338,8 @@ class CompileConfig:
                                   "sample and the networks) and on global switches (grad mode, default device); drop "
                                   "those on the loss's Python objects (its modules, TensorDict internals, constants: "
                                   "about a thousand a kind of step), whose check is a large share of a small "
-                                  "compiled step (`guard_filter_fn`). Each kind of step has its own code object, so its own "
+                                  "compiled step (`guard_filter_fn`). Each kind of step has its own code object, so "
+                                  "its own "
                                   "graphs. Unsafe in torch's sense: a change to those Python objects during the run "
                                   "would not be seen (nothing in the learner makes one); a sample of another shape "
                                   "still compiles a new graph. false keeps every guard; no effect without "
@@ -431,7 +436,7 @@ class OffPolicyConfig:
         engine_class(cfg.engine).check_config(cfg)
 
 
-HEADER = """Off-policy engine (DQN, SAC, DDPG, TD3, CrossQ, REDQ): every common default, with what each key does.
+HEADER = """Off-policy engine (DQN, C51, SAC, DDPG, TD3, CrossQ, REDQ): every common default, with what each key does.
 Generated from offpolicy/config.py by `python -m offpolicy.config`: edit the declarations there, not this file.
 The algorithm's section (declared in offpolicy/algos/<name>.py) and file (algo/<name>.yaml) are merged on top; a
 profile (profile/<name>.yaml) rescales a run; key=value overrides come last:

@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 from tensordict import TensorDictBase
 
+from offpolicy.algos.base import AlgoParts
 from offpolicy.compiling import compile_choice, describe_failure
 from offpolicy.invariants import InvariantError, check_sample_batch
 from offpolicy.metrics import action_stats
@@ -51,6 +52,24 @@ class CompileOptions:
     mode: str | None = None
     skip_guards: bool = True
     cudagraphs: bool = False
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a learner draws from replay: batches of ``shape`` (``[batch]``, or ``[batch / slice_len, slice_len]`` for
+    sliced replay), ``chunk`` batches per replay call (one for prioritized and sliced replay); ``prioritized``: the TD
+    errors go back as priorities after every step; ``overlap`` (a Ray learner rank: replay is another process, a round
+    trip a call): the next chunk is requested from a background thread while the current chunk is learned on, within a
+    round (replay does not change during a round's updates, so the draws are those of sampling in turn)."""
+
+    shape: tuple[int, ...]
+    chunk: int = SAMPLE_CHUNK
+    prioritized: bool = False
+    overlap: bool = False
+
+    def __post_init__(self):
+        if self.overlap and self.prioritized:
+            raise ValueError("overlap_sampling needs uniform replay: priorities change after every step")
 
 
 # the guards a compiled step keeps with compile.skip_guards: the shapes, dtypes, strides and devices of its tensors
@@ -95,38 +114,31 @@ def abs_td_error(td_error: torch.Tensor, *, squared: bool) -> torch.Tensor:
 
 
 class Learner:
-    """Runs optimiser steps of one algorithm's torchrl loss over its :class:`OptimGroup` optimisers.
+    """Runs optimiser steps of one algorithm's torchrl loss (its ``parts``) over its :class:`OptimGroup` optimisers, on
+    batches drawn from replay as ``sampling`` says; checks every ``check_every``-th sample; computes on ``device``
+    (None: where the loss lives; replay stays on the CPU); ``action_bounds``: for the replayed actions' statistics;
+    ``grad_sync`` averages the gradients of Ray learner ranks.
 
-    ``overlap_sampling`` (a Ray learner rank: replay is another process, a round trip a call): the next chunk of samples
-    is requested from a background thread while the current chunk is learned on, within a round (replay does not
-    change during a round's updates, so the draws are those of sampling in turn).
-
-    ``critic_only`` (TD3, CrossQ: the loss's critic term alone) runs on steps where only the critic is due, skipping
-    the actor loss's forward; the target networks move on steps where a group with ``moves_targets`` stepped (TD3:
-    the actor's). The losses detach what each term must not train, so one summed backward equals separate ones.
+    The parts' ``critic_only`` (TD3, CrossQ: the loss's critic term alone) runs on steps where only the critic is
+    due, skipping the actor loss's forward; the target networks move on steps where a group with ``moves_targets``
+    stepped (TD3: the actor's). The losses detach what each term must not train, so one summed backward equals
+    separate ones.
 
     Each kind of step (which optimisers are due, whether soft targets move) gets its own step function, built once:
     eager, or compiled (``compile``). Every kind has run twice after ``warmup_steps`` (the optimisers' states exist
     from their first step on), so a graph built after that is a recompilation (:attr:`recompiles`).
     """
 
-    def __init__(self, loss, groups: list[OptimGroup], target_updater: TargetUpdate | None, *,
-                 sample_shape: tuple[int, ...], critic_only: Callable | None = None,
-                 critic_loss_key: str = "loss_qvalue", prioritized: bool = False, td_error_squared: bool = True,
-                 chunk: int = SAMPLE_CHUNK, check_every: int = 1, device: torch.device | None = None,
-                 action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None, grad_sync=None,
-                 compile: CompileOptions = CompileOptions(), overlap_sampling: bool = False):
-        self.loss = loss
-        self.groups = groups
-        self.target_updater = target_updater
-        self.sample_shape = tuple(sample_shape)
-        self.critic_only = critic_only
-        self.critic_loss_key = critic_loss_key
-        self.prioritized, self.td_error_squared = prioritized, td_error_squared
-        self.chunk = chunk  # batches per replay call (1 for prioritized and sliced replay)
-        if overlap_sampling and prioritized:
-            raise ValueError("overlap_sampling needs uniform replay: priorities change after every step")
-        self._fetch = (ThreadPoolExecutor(1, thread_name_prefix="replay-sample").submit if overlap_sampling
+    def __init__(self, parts: AlgoParts, sampling: Sampling, *, check_every: int = 1,
+                 device: torch.device | None = None, action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 grad_sync=None, compile: CompileOptions = CompileOptions()):
+        self.loss, self.groups, self.target_updater = parts.loss, parts.groups, parts.target_updater
+        self.critic_only, self.critic_loss_key = parts.critic_only, parts.critic_loss_key
+        self.td_error_squared = parts.td_error_squared
+        self.sample_shape = tuple(sampling.shape)
+        self.prioritized = sampling.prioritized
+        self.chunk = sampling.chunk  # batches per replay call
+        self._fetch = (ThreadPoolExecutor(1, thread_name_prefix="replay-sample").submit if sampling.overlap
                        else _done_future)
         self.device = device  # where the loss lives (a GPU learner rank); replay stays on the CPU
         self.check_every = check_every
@@ -139,13 +151,13 @@ class Learner:
             raise ValueError("compile.cudagraphs needs a learner on a CUDA device without gradient averaging")
         self._step_fns: dict[tuple, Callable] = {}
         self._compiled_fns: list[Callable] = []  # the step functions torch.compile compiles (their own code objects)
-        self.warmup_steps = 2 * lcm(*(g.every for g in groups))
+        self.warmup_steps = 2 * lcm(*(g.every for g in self.groups))
         self._steps_here = 0  # steps run by this object (a resumed learner warms up again)
         self._compilations_after_warmup: int | None = None
         # values not computed on a step (TD3's actor loss between actor updates) repeat their latest one
         self._latest: dict[str, torch.Tensor] = {}
-        if target_updater is not None:
-            target_updater.init_()
+        if self.target_updater is not None:
+            self.target_updater.init_()
 
     # --- one round ---------------------------------------------------------------------------------------------
     def update(self, replay, n_steps: int, version: int, stop: Callable[[], bool] | None = None) -> dict[str, float]:
@@ -352,12 +364,10 @@ def make_learner(cfg, parts, action_spec, *, sample_shape: tuple[int, ...], grad
     (uniform replay only) draws the next chunk while the current one is learned on; ``compiled``: whether its step
     runs under torch.compile (None: as the config chooses, :func:`~offpolicy.compiling.compile_choice`)."""
     compiled = compile_choice(cfg).enabled if compiled is None else compiled
-    return Learner(parts.loss, parts.groups, parts.target_updater, sample_shape=sample_shape,
-                   critic_only=parts.critic_only, critic_loss_key=parts.critic_loss_key,
-                   prioritized=cfg.replay.prioritized, td_error_squared=parts.td_error_squared,
-                   chunk=1 if cfg.replay.prioritized or cfg.replay.slice_len else chunk,
-                   check_every=cfg.invariants.check_every, action_bounds=parts.action_bounds(action_spec),
-                   grad_sync=grad_sync, device=device,
-                   overlap_sampling=overlap_sampling and not cfg.replay.prioritized,
+    prioritized = cfg.replay.prioritized
+    sampling = Sampling(sample_shape, chunk=1 if prioritized or cfg.replay.slice_len else chunk,
+                        prioritized=prioritized, overlap=overlap_sampling and not prioritized)
+    return Learner(parts, sampling, check_every=cfg.invariants.check_every, device=device,
+                   action_bounds=parts.action_bounds(action_spec), grad_sync=grad_sync,
                    compile=CompileOptions(enabled=compiled, mode=cfg.compile.mode,
                                           skip_guards=cfg.compile.skip_guards, cudagraphs=cfg.compile.cudagraphs))

@@ -19,7 +19,8 @@ from shared.config import ConfigError
 
 @pytest.mark.parametrize("override, message", [
     (["c51.v_min=5", "c51.v_max=5"], "c51.v_min=5.0 is not allowed; allowed: below c51.v_max=5.0"),
-    (["loss.value_estimator=td1", "replay.slice_len=8"], "loss.value_estimator=td1 is not allowed for c51; allowed: td0"),
+    (["loss.value_estimator=td1", "replay.slice_len=8"],
+     "loss.value_estimator=td1 is not allowed for c51; allowed: td0"),
     (["loss.function=smooth_l1"], "loss.function=smooth_l1 is not allowed for c51; allowed: l2"),
     (["c51.atoms=1"], "c51.atoms=1 is out of range; allowed: an integer >= 2"),
     (["dqn.double=true"], "unknown key 'dqn.double'"),

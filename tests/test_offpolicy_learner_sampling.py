@@ -8,7 +8,7 @@ import pytest
 import torch
 from offpolicy_helpers import smoke_parts
 
-from offpolicy.learner import Learner, make_learner
+from offpolicy.learner import Learner, Sampling, make_learner
 
 
 class _NumberedReplay:
@@ -57,5 +57,4 @@ def test_overlapped_calls_draw_what_calls_in_turn_draw():
 def test_overlapped_calls_refuse_prioritized_replay():
     cfg, env, parts, _ = smoke_parts("dqn")
     with pytest.raises(ValueError, match="overlap_sampling needs uniform replay"):
-        Learner(parts.loss, parts.groups, parts.target_updater, sample_shape=(8,), prioritized=True,
-                overlap_sampling=True)
+        Learner(parts, Sampling((8,), prioritized=True, overlap=True))

@@ -1,7 +1,7 @@
-"""The off-policy algorithms, one module each (``dqn``, ``sac``, ``td3``, ``ddpg``, ``crossq``, ``redq``), found by
-name. Each module declares ``ALGORITHM`` (base.py: name, action-space kind, config section, smoke env, builder); its
-config file ``configs/offpolicy/algo/<name>.yaml`` sets the common keys it changes. Adding an algorithm is adding
-those two files: its builder returns every form of its policies the engine uses (``AlgoParts``: collection,
+"""The off-policy algorithms, one module each (``dqn``, ``c51``, ``sac``, ``td3``, ``ddpg``, ``crossq``, ``redq``),
+found by name. Each module declares ``ALGORITHM`` (base.py: name, action-space kind, config section, smoke env,
+builder); its config file ``configs/offpolicy/algo/<name>.yaml`` sets the common keys it changes. Adding an algorithm
+is adding those two files: its builder returns every form of its policies the engine uses (``AlgoParts``: collection,
 evaluation, evaluation on plain tensors for the export), so no other module picks a form by the policy's class.
 
 Where the parts run (in this process or on Ray) is the engine's job (offpolicy/engines/).
