@@ -32,7 +32,7 @@ from offpolicy.algos.base import AlgoParts
 from offpolicy.compiling import compile_choice, describe_failure
 from offpolicy.invariants import InvariantError, check_sample_batch
 from offpolicy.metrics import action_stats
-from offpolicy.network_updates import OptimGroup, TargetUpdate
+from offpolicy.network_updates import OptimGroup
 from shared import compat, denormals
 
 # Uniform samples of a round are drawn this many batches per replay call and split: the same i.i.d. draws as one
