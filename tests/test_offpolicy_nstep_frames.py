@@ -378,9 +378,11 @@ def test_atari_frames_once_resumes_with_its_replay(tmp_path):
     for change in ("loss.n_steps=1", "replay.size=2000", "replay.frames_once=false"):
         with pytest.raises(ConfigError, match=change.split("=")[0]):
             compose_config([*common, f"resume={first['checkpoint']}", change])
-    # a checkpoint from before these keys existed resumes with what it ran with, not today's profile values
+    # a checkpoint from before these keys existed (format version 0) resumes with what it ran with, not today's
+    # profile values
     old = torch.load(first["checkpoint"], weights_only=True)
     old["replay"] = None
+    del old["format_version"]
     for section, key in (("loss", "n_steps"), ("replay", "frames_once"), ("dqn", "dueling")):
         del old["config"][section][key]
     torch.save(old, tmp_path / "old.pt")

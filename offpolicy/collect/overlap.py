@@ -129,7 +129,8 @@ class BackgroundCollector:
                 if not self.process.is_alive():
                     raise self._died() from None
                 continue
-            except OSError:  # a batch whose sender died before it handed its shared memory over
+            except (OSError, EOFError):  # a batch whose sender died before it handed its shared memory over (the
+                # fetch of its file descriptors finds the sender gone: refused, or the connection closed mid-reply)
                 self.process.join(timeout=10 * POLL_S)
                 if not self.process.is_alive():
                     raise self._died() from None
