@@ -10,7 +10,10 @@ case; the run directories ``<case>-seed<N>/`` beside them stay out of git.
 
 ``jobs=2`` runs two trainings at a time (one per core): frame counts and returns do not depend on it, wall times do.
 A (case, seed) that has its line in ``<case>.jsonl`` is not run again unless ``rerun=true``; the medians cover every
-requested seed's line.
+requested seed's line. A run cut short (the session that ran it ended, or Ctrl-C) goes on from its checkpoint when its
+case is run again; its record gives the training minutes and env steps/s over all its segments and the commit.
+The MuJoCo cases at the papers' budget (``<algo>-<env>-300k``, benchmarks/references/mujoco_300k.csv) are each ~1 h
+of the whole machine: run them one at a time, alone.
 """
 from __future__ import annotations
 
@@ -73,7 +76,17 @@ CASES = {
                          "checkpoint.interval_s=300"], None, 1_000_000),
     "td3-halfcheetah": (["algo=td3", "env=HalfCheetah-v5", "total_env_steps=1000000", "eval.interval_env_steps=10000",
                          "checkpoint.interval_s=300"], None, 1_000_000),
+    # REDQ at its paper's UTD 20: the 300k budget is out of reach on 2 cores, 100k is the issue's fallback
+    "redq-hopper-100k": (["algo=redq", "env=Hopper-v5", "total_env_steps=100000", "eval.interval_env_steps=10000",
+                          "eval.episodes=10", "checkpoint.interval_s=300"], None, 100_000),
 }
+# the budget the MuJoCo papers report at (benchmarks/references/mujoco_300k.csv): default configs, deterministic
+# evaluation every 10k env steps over 10 episodes and a final one of 10; a checkpoint every 5 min, so that a run cut
+# short goes on from it (start_case)
+MUJOCO_300K = ["total_env_steps=300000", "eval.interval_env_steps=10000", "eval.episodes=10", "eval.final_episodes=10",
+               "checkpoint.interval_s=300"]
+CASES.update({f"{algo}-{env.lower()}-300k": ([f"algo={algo}", f"env={env}-v5", *MUJOCO_300K], None, 300_000)
+              for algo in ("sac", "td3", "crossq") for env in ("HalfCheetah", "Hopper", "Walker2d")})
 
 
 # the cases whose training swaps CrossQ's batch renormalisation back to torchrl's own class
@@ -83,13 +96,28 @@ WITH_TORCHRL_RENORM = ("import runpy, torchrl.modules, offpolicy.algos.networks 
                        "runpy.run_module('offpolicy.train', run_name='__main__')")
 
 
+def cut_short(run_dir: Path) -> Path | None:
+    """The checkpoint of a run that stopped before its end (killed with the session that ran it: no summary; or
+    stopped with Ctrl-C), None for a run to start afresh."""
+    checkpoint = run_dir / "checkpoints" / "last.pt"
+    summary = run_dir / "summary.json"
+    if not checkpoint.exists() or (summary.exists() and json.loads(summary.read_text())["status"] != "interrupted"):
+        return None
+    return checkpoint
+
+
 def start_case(name: str, seed: int, extra: list[str]) -> tuple[subprocess.Popen, Path, float]:
+    """Start ``name``'s run for ``seed``; a run of it cut short goes on from its checkpoint with its own config."""
     overrides, _, _ = CASES[name]
     run_dir = RESULTS / f"{name}-seed{seed}"
-    if run_dir.exists() and not any(a.startswith("resume=") for a in extra):
+    checkpoint = cut_short(run_dir)
+    if checkpoint is not None:
+        overrides = [f"resume={checkpoint}"]
+        print(f"{name} seed {seed}: resuming from {checkpoint}", file=sys.stderr, flush=True)
+    elif run_dir.exists() and not any(a.startswith("resume=") for a in extra):
         shutil.rmtree(run_dir)
     launch = ["-c", WITH_TORCHRL_RENORM] if name in TORCHRL_RENORM_CASES else ["-m", "offpolicy.train"]
-    cmd = [sys.executable, *launch, *overrides, f"seed={seed}", f"run_dir={run_dir}",
+    cmd = [sys.executable, *launch, *overrides, *([] if checkpoint else [f"seed={seed}"]), f"run_dir={run_dir}",
            "logger.progress_bar=false", *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, run_dir, time.time()
@@ -109,6 +137,11 @@ def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, sta
     summary = run_dir / "summary.json"
     if summary.exists():
         result["summary"] = json.loads(summary.read_text())
+        # over every segment of a resumed run (wall_s is the last segment's)
+        elapsed = result["summary"]["elapsed_s"]
+        result["train_minutes"] = round(elapsed / 60, 1)
+        result["env_steps_per_s"] = round(result["summary"]["env_steps"] / elapsed, 1) if elapsed else None
+    result["commit"] = commit()
     config = run_dir / "config.yaml"
     if config.exists():
         result["config"] = yaml.safe_load(config.read_text())
@@ -121,6 +154,14 @@ def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, sta
     # replace_jsonl_line locks the file for its read-modify-write
     replace_jsonl_line(RESULTS / f"{name}.jsonl", result, key="seed")
     return result
+
+
+def commit() -> str:
+    """The code the run trained with: HEAD, marked ``-dirty`` when tracked files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "a3c", "offpolicy", "shared", "configs"],
+                           cwd=ROOT).returncode != 0
+    return head.strip() + ("-dirty" if dirty else "")
 
 
 def records(name: str) -> dict[int, dict]:
