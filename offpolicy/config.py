@@ -460,8 +460,7 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, Checkpoint | None]:
     if name not in ALGOS:
         raise ConfigError(f"algo={name!r} does not exist; allowed: {', '.join(sorted(ALGOS))}")
     algo = algorithm(name)
-    cfg = compose(defaults(name), overrides, config_dir=CONFIG_DIR, groups=GROUPS,
-                  rules={**schema.rules(OffPolicyConfig), **schema.rules(algo.config, f"{name}.")}, base=base)
+    cfg = compose(defaults(name), overrides, config_dir=CONFIG_DIR, groups=GROUPS, rules=rules(name), base=base)
     if not isinstance(cfg.env.name, str) or not cfg.env.name.strip():
         raise ConfigError(f"env.name={cfg.env.name!r} is not allowed; allowed: a Gymnasium id, module:EnvId, an ALE "
                           "game or dmc:<domain>-<task> (leave env out for the algorithm's default)")
@@ -472,6 +471,12 @@ def compose_config(argv: list[str]) -> tuple[DictConfig, Checkpoint | None]:
     for check in schema.checks(algo.config) + schema.checks(OffPolicyConfig):
         check(cfg)
     return cfg, checkpoint
+
+
+def rules(algo: str) -> dict:
+    """What each key allows on its own (``key -> Rule``), the common keys and the algorithm ``algo``'s section; the
+    checks across keys run after composition (``compose_config``)."""
+    return {**schema.rules(OffPolicyConfig), **schema.rules(algorithm(algo).config, f"{algo}.")}
 
 
 def defaults(algo: str) -> dict:

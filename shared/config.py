@@ -89,8 +89,9 @@ class Rule:
 
 @dataclass(frozen=True)
 class Group:
-    """A config group: ``<name>=<file>`` merges ``<config_dir>/<name>/<file>.yaml`` (after the file named by its
-    ``extends:`` key, if it has one); it may only change declared keys."""
+    """A config group: ``<name>=<file>`` merges ``<config_dir>/<name>/<file>.yaml``, or the YAML file at a path ending
+    in ``.yaml`` / ``.yml`` (after the file named by its ``extends:`` key, if it has one); it may only change declared
+    keys."""
 
     name: str
 
@@ -178,10 +179,11 @@ def _group_choices(config_dir: Path, group: str) -> list[str]:
 
 
 def _merge_group(cfg: DictConfig, config_dir: Path, group: Group, choice: str) -> DictConfig:
-    path = config_dir / group.name / f"{choice}.yaml"
+    # a path lets a file written elsewhere (offpolicy.tools.tune's best profile) be used where it lies
+    path = Path(choice) if choice.endswith((".yaml", ".yml")) else config_dir / group.name / f"{choice}.yaml"
     if not path.is_file():
         allowed = ", ".join(_group_choices(config_dir, group.name))
-        raise ConfigError(f"{group.name}={choice!r} does not exist; allowed: {allowed}")
+        raise ConfigError(f"{group.name}={choice!r} does not exist; allowed: {allowed} or the path of a YAML file")
     layer = OmegaConf.load(path)  # omegaconf reads YAML with yaml.SafeLoader
     parent = layer.pop("extends", None)  # a group file may start from another file of its group
     if parent is not None:

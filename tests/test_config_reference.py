@@ -89,7 +89,8 @@ def test_every_group_file_sets_only_declared_keys(engine):
     declared = _leaves(schema.defaults(a3c_config.A3CConfig) if engine == "a3c" else
                        {**schema.defaults(offpolicy_config.OffPolicyConfig),
                         **{name: schema.defaults(a.config) for name, a in ALGORITHMS.items()}})
-    files = sorted((REPO / "configs" / engine).glob("*/*.yaml"))
+    groups = (a3c_config if engine == "a3c" else offpolicy_config).GROUPS  # search spaces (tune/) are no group
+    files = sorted(path for group in groups for path in (REPO / "configs" / engine / group.name).glob("*.yaml"))
     assert files
     for path in files:
         unknown = _leaves(OmegaConf.to_container(OmegaConf.load(path))) - declared - {"extends"}
