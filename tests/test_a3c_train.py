@@ -72,8 +72,10 @@ def test_resume_continues_counters_and_optimizer_state(smoke_run, tmp_path):
     run_dir, _ = smoke_run
     first = _summary(run_dir)
     resumed = tmp_path / "resumed"
+    # no evaluator process and no final games: nothing here reads an evaluation, and on 2 cores a third process
+    # slows the two workers
     result = run_module("a3c.train", f"resume={run_dir / 'checkpoints' / 'last.pt'}", "total_frames=2560",
-                        f"run_dir={resumed}")
+                        "eval.interval_frames=0", "eval.final_episodes=0", f"run_dir={resumed}")
     assert result.returncode == 0, result.stderr[-2000:]
     second = _summary(resumed)
     assert second["frames"] >= 2560 and second["updates"] > first["updates"]
@@ -83,10 +85,13 @@ def test_resume_continues_counters_and_optimizer_state(smoke_run, tmp_path):
     assert ckpt["config"]["env"]["name"] == "Pong" and ckpt["config"]["profile"] == "smoke"
 
 
-def test_a_checkpoint_without_a_format_version_reads_and_a_newer_one_is_exit_2(smoke_run, tmp_path):
+def test_a_checkpoint_without_a_format_version_reads_and_a_newer_one_is_exit_2(smoke_run, tmp_path, capsys):
     """A checkpoint without ``format_version`` (version 0: the layout of version 1) gives its model; one of a newer
-    format (written by newer code) is one error line and exit 2."""
+    format (written by newer code) is one error line and exit 2 (the evaluate CLI's ``main`` under ``run_cli``, as
+    ``python -m a3c.evaluate`` runs it; that path as a process is test_evaluate_cli_reports_mean_and_std...)."""
+    from a3c.evaluate import main
     from a3c.model import checkpoint_model, read_checkpoint
+    from shared.config import run_cli
 
     run_dir, _ = smoke_run
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
@@ -95,22 +100,26 @@ def test_a_checkpoint_without_a_format_version_reads_and_a_newer_one_is_exit_2(s
     _, model = checkpoint_model(read_checkpoint(tmp_path / "v0.pt"))
     assert all(torch.equal(p, ckpt["model"][k]) for k, p in model.state_dict().items())
     torch.save({**ckpt, "format_version": 2}, tmp_path / "v2.pt")
-    result = run_module("a3c.evaluate", f"checkpoint={tmp_path / 'v2.pt'}", f"run_dir={tmp_path}")
-    err = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(err) == 1, result.stderr[-2000:]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_cli(main, [f"checkpoint={tmp_path / 'v2.pt'}", f"run_dir={tmp_path}"])
+    stderr = capsys.readouterr().err
+    err = stderr.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1, stderr[-2000:]
     assert err[0].startswith(f"error: checkpoint='{tmp_path / 'v2.pt'}' has checkpoint format version 2"), err
 
 
 def test_killed_worker_is_reported_and_restarted_and_the_run_finishes(tmp_path):
     run_dir = tmp_path / "kill"
-    proc = start_module("a3c.train", *SMOKE, "total_frames=24000", "eval.interval_frames=0",
+    # enough frames that worker 1 still trains when the test kills it (~11,000 frames after its 3rd update)
+    proc = start_module("a3c.train", *SMOKE, "total_frames=12000", "eval.interval_frames=0",
                         "eval.final_episodes=0", f"run_dir={run_dir}", log=tmp_path / "log")
     _wait_for(run_dir, proc, "a3c/updates", 3)
     victim = json.loads((run_dir / "pids.json").read_text())["worker_1"]
     os.kill(victim, signal.SIGKILL)
     assert proc.wait(timeout=240) == 0, (tmp_path / "log").read_text()[-2000:]
     summary = _summary(run_dir)
-    assert summary["frames"] >= 24000 and summary["worker_restarts"] == 1
+    assert summary["frames"] >= 12000 and summary["worker_restarts"] == 1
     assert summary["worker_deaths"][0]["rank"] == 1 and summary["worker_deaths"][0]["exitcode"] == -signal.SIGKILL
     assert summary["pids"]["worker_1"] != victim
     assert "worker 1 (pid" in (tmp_path / "log").read_text()
@@ -162,7 +171,7 @@ def test_periodic_evaluation_is_logged_and_ctrl_c_stops_everything_within_10s(tm
 def test_evaluate_cli_reports_mean_and_std_and_writes_a_video(smoke_run, tmp_path):
     run_dir, _ = smoke_run
     result = run_module("a3c.evaluate", f"checkpoint={run_dir / 'checkpoints' / 'last.pt'}", "episodes=2",
-                        "video=true", "max_episode_frames=1200", f"run_dir={tmp_path}")
+                        "video=true", "max_episode_frames=400", f"run_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "return: " in result.stdout and "over 2 greedy episodes" in result.stdout
     report = json.loads((tmp_path / "evaluation.json").read_text())
@@ -172,14 +181,14 @@ def test_evaluate_cli_reports_mean_and_std_and_writes_a_video(smoke_run, tmp_pat
 
 
 def test_periodic_evaluations_keep_up_with_training(tmp_path):
-    """Evaluations much slower than an interval of training (4 games of up to 2,000 frames against 1,920 frames of
+    """Evaluations much slower than an interval of training (4 games of up to 1,000 frames against 960 frames of
     training): the workers wait for a late one, so every result comes within one interval (plus the rollouts in
     flight: 2 workers x 320 frames) of its weights, no interval goes unevaluated, and the wait is counted. At nice 10
     and without the wait the evaluator fell further behind with every interval."""
     run_dir = tmp_path / "lag"
-    interval, in_flight = 1920, 2 * 2 * 20 * 4
+    interval, in_flight = 960, 2 * 2 * 20 * 4
     result = run_module("a3c.train", *SMOKE, f"total_frames={6 * interval}", f"eval.interval_frames={interval}",
-                        "eval.episodes=4", "eval.max_episode_frames=2000", "eval.final_episodes=0", f"run_dir={run_dir}")
+                        "eval.episodes=4", "eval.max_episode_frames=1000", "eval.final_episodes=0", f"run_dir={run_dir}")
     assert result.returncode == 0, result.stderr[-2000:]
     summary = _summary(run_dir)
     # what the run records (its shared statistics), not what worker 0 managed to log before it finished: each
