@@ -106,11 +106,17 @@ def test_scale_profiles_match_the_seed_suite(profile, env, transition_bytes):
     assert p["resources"] == {"CPU": 4 * 8 + 4 * 4, "GPU": 8}
 
 
-def test_plan_rejects_a_broken_invariant():
-    result = run_module("offpolicy.tools.plan", "algo=sac", "profile=scale", "ray.world_size=3", timeout=60)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "error: optim.batch_size=16384 is not allowed; allowed: a multiple of ray.world_size=3")
+def test_plan_rejects_a_broken_invariant(capsys):
+    """The tool's ``main`` under ``run_cli``, as ``python -m offpolicy.tools.plan`` runs it (that path as a process:
+    test_plan_prints_lines_and_json): one error line, exit 2."""
+    from offpolicy.tools.plan import main
+    from shared.config import run_cli
+
+    with pytest.raises(SystemExit) as exited:
+        run_cli(main, ["algo=sac", "profile=scale", "ray.world_size=3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: optim.batch_size=16384 is not allowed; allowed: a multiple of ray.world_size=3")
     with pytest.raises(ConfigError, match=r"optim.replay_ratio=4.096 is not allowed; allowed: optim.batch_size \* "
                                           r"optim.utd_ratio = 8.192 \(or null\)"):
         compose_config(["algo=sac", "profile=scale", "optim.utd_ratio=0.0005"])
