@@ -3,6 +3,7 @@ exploration state (and, optionally, its replay buffer) exactly where it stopped;
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,37 +19,59 @@ from shared.checkpoint import load_checkpoint
 ARGS = ("algo=dqn", "profile=smoke", "eval.interval_env_steps=0", "eval.final_episodes=0", "dqn.eps_anneal_env_steps=1000")
 
 
-@pytest.mark.parametrize("with_replay", [False, True])
-def test_resume_continues_the_run(tmp_path, with_replay):
+def _run_and_resume(root: Path, with_replay: bool) -> dict:
+    """A 200-step run in ``root/run`` (its checkpoint kept as ``root/first.pt``), then resumed to 400 env steps: the
+    summaries of both and the two checkpoints."""
+    run_dir = root / "run"
     first = train_inprocess(*ARGS, "total_env_steps=200", f"replay.in_checkpoint={str(with_replay).lower()}",
-                            f"run_dir={tmp_path}")
+                            f"run_dir={run_dir}")
+    shutil.copyfile(run_dir / "checkpoints" / "last.pt", root / "first.pt")
+    second = train_inprocess(f"resume={run_dir / 'checkpoints' / 'last.pt'}", "total_env_steps=400")
+    return {"run_dir": run_dir, "first": first, "second": second, "first_ckpt": root / "first.pt",
+            "last_ckpt": run_dir / "checkpoints" / "last.pt"}
+
+
+# Shared by the tests that only read these runs' summaries and checkpoints (a resume of first.pt goes to a run dir of
+# its own): each pair of in-process runs costs seconds.
+@pytest.fixture(scope="module")
+def resumed_without_replay(tmp_path_factory):
+    return _run_and_resume(tmp_path_factory.mktemp("without_replay"), with_replay=False)
+
+
+@pytest.fixture(scope="module")
+def resumed_with_replay(tmp_path_factory):
+    return _run_and_resume(tmp_path_factory.mktemp("with_replay"), with_replay=True)
+
+
+@pytest.mark.parametrize("with_replay", [False, True])
+def test_resume_continues_the_run(request, with_replay):
+    runs = request.getfixturevalue("resumed_with_replay" if with_replay else "resumed_without_replay")
+    first, second = runs["first"], runs["second"]
     assert first["env_steps"] == 200 and first["batches"] == 2 and first["optim_steps"] == 50
-    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    ckpt = load_checkpoint(runs["first_ckpt"])
     assert ckpt["counters"]["env_steps"] == 200 and ckpt["counters"]["optim_steps"] == 50
     assert (ckpt["replay"] is not None) == with_replay
     eps_saved = float(ckpt["exploration"]["eps"])
     assert eps_saved < 1.0  # annealed by the 200 collected env steps
 
-    second = train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_env_steps=400")
-    assert second["run_dir"] == str(tmp_path) and second["status"] == "completed"
+    assert second["run_dir"] == str(runs["run_dir"]) and second["status"] == "completed"
     assert second["env_steps"] == 400 and second["batches"] == 4 and second["policy_version"] == 4
     # without the saved replay the buffer must be prefilled again (one batch without optimiser steps)
     assert second["optim_steps"] == (50 + 100 if with_replay else 50 + 50)
     assert second["replay_writes"] == (400 if with_replay else 200)
-    after = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    after = load_checkpoint(runs["last_ckpt"])
     assert float(after["exploration"]["eps"]) < eps_saved  # annealing continued from the saved epsilon
     assert after["learner"]["optimizers"]["q"]["state"]  # Adam moments were restored and kept
     assert after["learner"]["steps"] == second["optim_steps"]
 
 
-def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
+def test_restore_brings_back_weights_optimiser_and_counters(resumed_without_replay, tmp_path):
     from offpolicy.builder import Builder
     from offpolicy.config import compose_config
     from offpolicy.engines.local import LocalEngine
     from offpolicy.envs import make_train_env
 
-    train_inprocess(*ARGS, "total_env_steps=200", f"run_dir={tmp_path}")
-    path = tmp_path / "checkpoints" / "last.pt"
+    path = resumed_without_replay["first_ckpt"]  # a 200-step run's checkpoint
     ckpt = load_checkpoint(path)
     assert ckpt["counters"]["env_steps"] == 200 and ckpt["counters"]["batches"] == 2
     cfg, _ = compose_config([f"resume={path}"])
@@ -67,9 +90,9 @@ def test_restore_brings_back_weights_optimiser_and_counters(tmp_path):
         engine.close()
 
 
-def test_resume_at_the_end_runs_nothing(tmp_path):
-    train_inprocess(*ARGS, "total_env_steps=200", f"run_dir={tmp_path}")
-    again = train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_env_steps=200")
+def test_resume_at_the_end_runs_nothing(resumed_without_replay, tmp_path):
+    again = train_inprocess(f"resume={resumed_without_replay['first_ckpt']}", "total_env_steps=200",
+                            f"run_dir={tmp_path}")
     assert again["env_steps"] == 200 and again["optim_steps"] == 50 and again["status"] == "completed"
 
 
@@ -108,15 +131,12 @@ def test_ctrl_c_stops_cleanly_and_saves(tmp_path):
     assert ckpt["counters"]["optim_steps"] == s["optim_steps"]
 
 
-def _learned_once(run_dir) -> bool:
-    """A round with optimiser steps is logged (the prefill rounds log 0 steps: a busy host once had the second
-    Ctrl-C land in one of them, so the run stopped before learning)."""
+def _prefill_logged(run_dir) -> bool:
+    """The prefill round (smoke: the first, 0 optimiser steps) is logged: the round running now learns."""
     from shared.logging import read_scalars
 
-    if not (run_dir / "logs" / "scalars" / "train" / "optim_steps.csv").exists():
-        return False
     try:
-        return any(value > 0 for value in read_scalars(run_dir, "train/optim_steps")[1])
+        return len(read_scalars(run_dir, "train/optim_steps")[1]) >= 1
     except ValueError:  # a row being written
         return False
 
@@ -132,13 +152,16 @@ def test_a_second_ctrl_c_stops_mid_round_and_the_checkpoint_resumes(tmp_path):
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not _learned_once(run_dir):
-            time.sleep(0.1)  # the first learning round is logged: the second one is running
+        while time.time() < deadline and not _prefill_logged(run_dir):
+            time.sleep(0.1)  # the prefill round is logged: the first learning round (5,000 steps) is running
         proc.send_signal(signal.SIGINT)
         # the second one only once the first was handled: Python runs one handler for signals that arrive while the
         # main thread is still inside a C call (a slow host once merged the two here)
         while time.time() < deadline and "stopping after this round" not in log.read_text():
             time.sleep(0.05)
+        # and past the round's collection (100 CartPole steps, a tenth of a second) into its 5,000 optimiser steps
+        # (seconds): both Ctrl-Cs inside the collection stop the round before its first step (a busy host once did)
+        time.sleep(1.0)
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
     finally:
@@ -174,15 +197,14 @@ def test_ctrl_c_during_the_final_evaluation_still_writes_the_summary(tmp_path):
     assert (run_dir / "checkpoints" / "last.pt").exists() and (run_dir / "curves.png").exists()
 
 
-def test_a_resumed_run_plays_new_episodes(tmp_path):
+def test_a_resumed_run_plays_new_episodes(resumed_with_replay):
     """The env seed of a resumed run is derived from the seed and the frame count: its first episode is not the
-    first run's first episode again (CartPole's reset state is the same for the same seed)."""
+    first run's first episode again (CartPole's reset state is the same for the same seed). The run: 200 steps with
+    the replay in the checkpoint, resumed to 400."""
     from shared.checkpoint import resumed_seed
 
     assert resumed_seed(7, 0) == 7 and resumed_seed(7, 200) == resumed_seed(7, 200) != resumed_seed(7, 400) != 7
-    train_inprocess(*ARGS, "total_env_steps=200", "replay.in_checkpoint=true", f"run_dir={tmp_path}")
-    train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_env_steps=400")
-    observations = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["replay"]["_storage"]["_storage"]["observation"]
+    observations = load_checkpoint(resumed_with_replay["last_ckpt"])["replay"]["_storage"]["_storage"]["observation"]
     assert not torch.equal(observations[200], observations[0])  # the resumed segment's first reset is a new one
 
 
