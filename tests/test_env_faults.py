@@ -219,11 +219,12 @@ def test_an_env_fault_ends_the_run_with_one_line_and_a_checkpoint_that_resumes(
 
 def test_an_env_fault_in_a_ray_collector_actor_ends_the_run_the_same_way(user_envs, tmp_path):
     """The same on Ray (a collector actor's env returns a NaN observation in round 3): exit 5, the line, the
-    checkpoint that resumes, no Ray process left."""
+    checkpoint that resumes, no Ray process left. One learner rank (the resume keeps it): the fault is the collector
+    actors' matter, and each rank is one more process to start on a 2-core machine."""
     env, run_dir = _name("nan_obs-v0"), tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "offpolicy.train", "algo=dqn", f"env={env}", "profile=ray_smoke",
-                           f"run_dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=280,
-                          env={**os.environ, "FAULT_AT": "450", "PYTHONUNBUFFERED": "1"})
+                           "ray.world_size=1", f"run_dir={run_dir}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=280, env={**os.environ, "FAULT_AT": "450", "PYTHONUNBUFFERED": "1"})
     line = _fault_line(env, "nan_obs", 450, 800)
     assert proc.returncode == 5, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1] == (
