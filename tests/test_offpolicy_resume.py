@@ -239,5 +239,7 @@ def test_kill_9_at_random_moments_always_leaves_a_checkpoint_that_resumes(tmp_pa
         assert state["learner"]["steps"] == state["counters"]["optim_steps"]
         seen.append(state["counters"]["env_steps"])
     assert seen == sorted(seen) and seen[0] > 0
-    final = train_inprocess(f"resume={ckpt}", f"total_env_steps={seen[-1] + 300}")
+    # at UTD 0.5 instead of the killed runs' 5: what is checked is that it resumes and completes its rounds with the
+    # invariants holding, not how many updates it makes
+    final = train_inprocess(f"resume={ckpt}", f"total_env_steps={seen[-1] + 300}", "optim.utd_ratio=0.5")
     assert final["status"] == "completed" and final["error"] is None and final["env_steps"] == seen[-1] + 300
