@@ -300,6 +300,9 @@ class Learner:
             mode, options = self.compile.mode, None
             if self.compile.skip_guards:  # torch.compile takes a mode or options: the mode goes in as its options
                 mode, options = None, {**compat.compile_mode_options(mode), "guard_filter_fn": tensor_and_global_guards}
+            # torchrl's losses set their in_keys on first use: set now, or a fully guarded step (CrossQ's) is traced
+            # with them unset and compiled a second time on its next call
+            getattr(loss, "in_keys", None)
             forward = _own_code(forward, kind)
             self._compiled_fns.append(forward)
             forward = torch.compile(forward, mode=mode, options=options)
