@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from offpolicy.algos import ALGOS, algorithm
 from offpolicy.config import compose_config
 from offpolicy.tools import tune, tuning
-from shared.config import ConfigError
+from shared.config import ConfigError, run_cli
 from tests.proc import run_module, start_module, wait_no_ray
 
 # runs of a few seconds: 16 batches of 128 env steps, evaluated every 512 env steps (one episode), on one thread
@@ -217,9 +217,10 @@ def test_bad_input_is_one_config_error(tmp_path, args, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_bad_input_on_the_command_line_is_one_line_and_exit_2():
-    done = run_module("offpolicy.tools.tune", "algo=dqn", "space.optim.lr.low=2", timeout=60)
-    assert done.returncode == 2 and done.stderr.splitlines() == [
+def test_bad_input_on_the_command_line_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(tune.main, ["algo=dqn", "space.optim.lr.low=2"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.splitlines() == [
         "error: space.optim.lr: low=2 >= high=1.0; allowed: low < high (a fixed value is a run key: optim.lr=2)"]
 
 
