@@ -38,31 +38,22 @@ from offpolicy.engines.ray_collectors import CollectorPool, CollectorsExhausted,
 from offpolicy.envs import obs_norm_state
 from offpolicy.invariants import InvariantError
 from offpolicy.replay import n_step_transform
-from shared import compat, denormals
+from shared import denormals
 from shared.config import ConfigError
+from shared.ray_start import init_ray
 
 
 def start_ray(cfg: DictConfig) -> None:
     """Start Ray (local: bound to 127.0.0.1, no dashboard) or attach to ``ray.address``, then check that the job's
     resources exist (an actor that cannot be placed would wait forever). Ray is shut down again on any error."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("engine=ray needs Ray; allowed: engine=local, or install it: "
-                          "pip install -e '.[ray]'") from None
-
-    kwargs = {"include_dashboard": False, "log_to_driver": cfg.ray.log_to_driver, "configure_logging": False}
+    local = {}
     if cfg.ray.address is None:
-        compat.ray_single_machine_mode()
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the learner ranks' Gloo sockets on loopback too
-        kwargs.update(num_cpus=cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus)
-    else:
-        kwargs["address"] = cfg.ray.address
-    try:
-        ray.init(**kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"ray.address={cfg.ray.address!r}: cannot connect ({str(exc).splitlines()[0]}); "
-                          "allowed: null (start a local Ray), auto or host:port of a running cluster") from None
+        local = {"num_cpus": cfg.ray.num_cpus, "num_gpus": cfg.ray.num_gpus}
+    init_ray(cfg.ray.address, address_key="ray.address", needed_by="engine=ray", instead="engine=local",
+             log_to_driver=cfg.ray.log_to_driver, **local)
+    import ray  # installed: init_ray said so
+
     have = ray.cluster_resources()
     need = RayEngine.resources(cfg)
     short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}

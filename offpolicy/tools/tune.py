@@ -45,6 +45,7 @@ from tqdm import tqdm
 
 from shared.config import CONFIG_ROOT, ConfigError, ensure_writable_dir, overrides_argv, parse_overrides, run_cli
 from shared.files import atomic_write, atomic_write_text
+from shared.ray_start import init_ray
 
 # The engine's modules (torch, torchrl) are imported where they are used: a local worker process starts by importing
 # this module again (multiprocessing's spawn) and needs none of them.
@@ -279,36 +280,15 @@ def trial_line(trial, space) -> str:
     return f"trial {trial.number}: {what}{_params_text(trial, space)}"
 
 
-def connect_ray(address: str | None) -> None:
-    """A local Ray bound to 127.0.0.1 without a dashboard (the project's way, as the Ray engine starts it), or the
-    cluster at ``address``."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("backend=ray needs Ray; allowed: backend=local, or pip install -e '.[ray]'") from None
-    from shared import compat
-
-    kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-    if address is None:
-        compat.ray_single_machine_mode()
-    else:
-        kwargs["address"] = address
-    try:
-        ray.init(**kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"ray_address={address!r}: cannot connect ({str(exc).splitlines()[0]}); allowed: auto or "
-                          "host:port of a running cluster (without it: a local Ray)") from None
-
-
 def run_workers(study, workers: int, backend: str, ray_address: str | None) -> None:
     """Run the study's workers to the end: in this process (one local worker), in worker processes, or as Ray tasks.
     Ctrl-C: each worker stops its run cleanly and queues its trial again; KeyboardInterrupt is raised here after."""
     from offpolicy.tools import tuning
 
     if backend == "ray":
-        import ray
+        init_ray(ray_address, address_key="ray_address", needed_by="backend=ray", instead="backend=local")
+        import ray  # installed: init_ray said so
 
-        connect_ray(ray_address)
         try:
             task = ray.remote(num_cpus=study.worker_cpus, max_retries=0)(tuning.work)
             refs = [task.remote(study, worker) for worker in range(workers)]
