@@ -7,8 +7,6 @@ they run (offpolicy/engines/), owns the services around the loop (offpolicy/loop
 """
 from __future__ import annotations
 
-import atexit
-import gc
 import json
 import sys
 
@@ -63,8 +61,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # at exit, the interpreter's last garbage collections skip the frozen objects: walking the millions torch,
-    # torchrl and Ray allocate took 1-4 s of every run's exit on a 2-core machine, to free memory the process's end
-    # frees anyway (the run has closed its files and actors; exit handlers still run)
-    atexit.register(gc.freeze)
     run_cli(main)
