@@ -19,7 +19,8 @@ def test_a_failure_s_reason_is_in_the_last_lines(tmp_path, columns):
         "    assert 1 + 1 == 3, 'the sum is wrong: ' + 'x' * 150\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": columns})
+                          # without the outer run's PYTEST_ADDOPTS (--durations would print after the section)
+                          env={**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "COLUMNS": columns})
     assert proc.returncode == 1
     lines = proc.stdout.strip().splitlines()
     # Our section's one line; pytest's own short summary may also hold the reason when the terminal is wide (CI).
