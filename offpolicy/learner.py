@@ -300,9 +300,12 @@ class Learner:
             mode, options = self.compile.mode, None
             if self.compile.skip_guards:  # torch.compile takes a mode or options: the mode goes in as its options
                 mode, options = None, {**compat.compile_mode_options(mode), "guard_filter_fn": tensor_and_global_guards}
-            # torchrl's losses set their in_keys on first use: set now, or a fully guarded step (CrossQ's) is traced
-            # with them unset and compiled a second time on its next call
+            # torchrl's losses set some attributes on first use: set them now, eagerly. Traced instead, a fully
+            # guarded step (CrossQ's) reads its in_keys unset and compiles a second time on its next call, and SAC's
+            # target entropy (a buffer its first use registers in place of the setting) has every compiled call
+            # replay that swap as a deletion, so the checkpoint after the next one failed (no `target_entropy`)
             getattr(loss, "in_keys", None)
+            getattr(loss, "target_entropy", None)
             forward = _own_code(forward, kind)
             self._compiled_fns.append(forward)
             forward = torch.compile(forward, mode=mode, options=options)
