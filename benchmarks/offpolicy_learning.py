@@ -4,7 +4,8 @@ return reaches the target, with the median and range over the seeds. Prints JSON
 benchmarks/results/offpolicy_learning/, one record per run as one line of its case's ``<case>.jsonl`` (the line of its
 seed, replaced by a rerun: the seed, the evaluation returns, the run's summary, its resolved config and its
 ``curves.json``, from which benchmarks/plot_results.py redraws the run's curves.png) and one ``<case>-seeds.png`` per
-case; the run directories ``<case>-seed<N>/`` beside them stay out of git.
+case; the run directories ``<case>-seed<N>/`` beside them (the run's console output in ``console.txt``; a run that
+failed keeps its checkpoint) stay out of git.
 
     nice -n 5 python benchmarks/offpolicy_learning.py [case ...] [seeds=0,1,2] [jobs=1] [rerun=false]
 
@@ -119,7 +120,9 @@ def start_case(name: str, seed: int, extra: list[str]) -> tuple[subprocess.Popen
     launch = ["-c", WITH_TORCHRL_RENORM] if name in TORCHRL_RENORM_CASES else ["-m", "offpolicy.train"]
     cmd = [sys.executable, *launch, *overrides, *([] if checkpoint else [f"seed={seed}"]), f"run_dir={run_dir}",
            "logger.progress_bar=false", *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / "console.txt").open("a") as console:  # the run's own output, its error lines included
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT)
     return proc, run_dir, time.time()
 
 
@@ -148,8 +151,9 @@ def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, sta
     curves = read_curves(run_dir)
     if curves["plots"]:
         result["curves"] = curves
-    for bulky in ("checkpoints", "replay"):  # keep the results folder small (replay: memmap files)
-        shutil.rmtree(run_dir / bulky, ignore_errors=True)
+    if code == 0:  # keep the results folder small (replay: memmap files); a failed run keeps what resumes it
+        for bulky in ("checkpoints", "replay"):
+            shutil.rmtree(run_dir / bulky, ignore_errors=True)
     # two invocations side by side (seeds=0 on one core, seeds=1 on the other) may finish runs of one case at once:
     # replace_jsonl_line locks the file for its read-modify-write
     replace_jsonl_line(RESULTS / f"{name}.jsonl", result, key="seed")
