@@ -12,23 +12,6 @@ RAY_TMPDIR = tempfile.mkdtemp(prefix="rlray-", dir="/tmp")
 os.environ["RAY_TMPDIR"] = RAY_TMPDIR
 
 
-# The modules that take longest, longest first (their --durations totals in one process: docs/results.md). With
-# --dist loadscope --no-loadscope-reorder (pyproject.toml) each module goes whole, in collection order, to the next free
-# test process: the long ones start first and the short ones fill the gaps at the end (the longest-first greedy
-# schedule), instead of one process running a long module alone while the other has finished.
-LONGEST_MODULES_FIRST = (
-    "test_offpolicy_compile.py", "test_a3c_train.py", "test_offpolicy_ray.py", "test_env_faults.py",
-    "test_offpolicy_tune.py", "test_offpolicy_resume.py", "test_offpolicy_overlap.py", "test_offpolicy_nstep_frames.py",
-    "test_offpolicy_smoke.py", "test_offpolicy_plan_suite.py", "test_offpolicy_c51.py", "test_export.py",
-    "test_offpolicy_env_replay_options.py", "test_docs.py",
-)
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the other modules keep their order
-
-
 def pytest_unconfigure(config):
     shutil.rmtree(RAY_TMPDIR, ignore_errors=True)
 

@@ -29,12 +29,3 @@ def test_a_failure_s_reason_is_in_the_last_lines(tmp_path, columns):
     line = lines[header + 1]
     assert "that_fails" in line and "AssertionError" in line
     assert "test_failing.py:2" in line and "the sum is wrong: " + "x" * 150 in line
-
-
-def test_the_longest_first_schedule_names_modules_that_exist():
-    """A renamed module would silently drop out of the longest-first order (tests/conftest.py)."""
-    from conftest import LONGEST_MODULES_FIRST
-
-    tests = Path(__file__).parent
-    assert len(set(LONGEST_MODULES_FIRST)) == len(LONGEST_MODULES_FIRST)
-    assert [name for name in LONGEST_MODULES_FIRST if not (tests / name).is_file()] == []
