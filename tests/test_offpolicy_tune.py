@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -188,6 +190,42 @@ def test_a_study_killed_with_sigkill_continues_in_its_database(tmp_path):
     for n, retry in retried.items():
         assert retry.state in (TrialState.COMPLETE, TrialState.PRUNED) and retry.params == trials[n].params
     assert done.stdout.count("its worker stopped during the run (it runs again)") == 2
+
+
+
+# A worker's run, spawned by a thread that ends (the kernel hands the run to the worker's other thread), then the
+# worker exits (the run goes to init): two parent deaths. The probe counts the SIGTERMs the run's stop handler sees.
+WORKER = """
+import subprocess, sys, threading, time
+def spawn():
+    subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=open(sys.argv[2], "w"))
+    time.sleep(1.5)  # the run has armed its parent-death signal; this thread's end is the first handing over
+threading.Thread(target=spawn).start()
+time.sleep(3.0)  # the run has handled the first; the worker's exit is the second handing over
+"""
+PROBE = """
+import signal, time
+terms = []
+signal.signal(signal.SIGTERM, lambda signum, frame: terms.append(signum))
+deadline = time.monotonic() + 6
+while time.monotonic() < deadline:
+    time.sleep(0.02)
+print(len(terms), flush=True)
+"""
+
+
+def test_a_run_gets_one_sigterm_however_often_its_worker_s_threads_hand_it_over(tmp_path):
+    """Each handing over to a new parent sends the parent-death signal again; the run must see one SIGTERM (its clean
+    stop), not a second that kills it once it has left its stop handler (a study killed under load lost a summary)."""
+    out = tmp_path / "terms.txt"
+    run = tuning.ON_WORKER_DEATH.replace("{parent}", "os.getppid()") + PROBE
+    worker = subprocess.run([sys.executable, "-c", WORKER, run, str(out)], timeout=30)
+    assert worker.returncode == 0
+    deadline = time.monotonic() + 30
+    while not out.read_text().strip():
+        assert time.monotonic() < deadline, "the run printed nothing"
+        time.sleep(0.2)
+    assert out.read_text().split() == ["1"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -35,12 +35,23 @@ RETRIES = 3  # runs of one trial's parameters after its worker died or was stopp
 # a failed trial does not count (a killed one is run again in its place)
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 POLL_S = 0.2  # how often a trial's evaluations and exit are looked at
-# The run's process asks the kernel for SIGTERM when the worker that started it dies (kill -9 included), which the run
-# takes as its clean stop; then it runs offpolicy.train as ``python -m`` would.
-LAUNCH = ("import ctypes, os, runpy, signal, sys; "
-          "getattr(ctypes.CDLL(None), 'prctl', lambda *a: 0)(1, signal.SIGTERM); "  # 1: PR_SET_PDEATHSIG
-          "os.getppid() == {parent} or sys.exit('error: the tuning worker that started this run is gone'); "
-          "runpy.run_module('offpolicy.train', run_name='__main__', alter_sys=True)")
+# The run's process asks the kernel for a signal when the worker that started it dies (kill -9 included) and turns it
+# into one SIGTERM, which the run takes as its clean stop; then it runs offpolicy.train as ``python -m`` would. Why not
+# SIGTERM itself: the kernel sends the parent-death signal each time the process is handed to a new parent, first to a
+# live thread of the dying worker, then to init when that thread exits too; a second SIGTERM that lands after the run
+# has left its stop handlers (its round done, saving) killed it without its summary. So the first signal disarms it.
+ON_WORKER_DEATH = """
+import ctypes, os, signal, sys
+prctl = getattr(ctypes.CDLL(None), 'prctl', lambda *a: 0)
+def worker_died(signum, frame):
+    prctl(1, 0)  # 1: PR_SET_PDEATHSIG; 0: no signal at the next handing over
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    os.kill(os.getpid(), signal.SIGTERM)
+signal.signal(signal.SIGUSR1, worker_died)
+prctl(1, signal.SIGUSR1)
+os.getppid() == {parent} or sys.exit('error: the tuning worker that started this run is gone')
+"""
+LAUNCH = ON_WORKER_DEATH + "import runpy; runpy.run_module('offpolicy.train', run_name='__main__', alter_sys=True)\n"
 
 
 class TrialFailed(Exception):
