@@ -107,8 +107,10 @@ def cut_short(run_dir: Path) -> Path | None:
     return checkpoint
 
 
-def start_case(name: str, seed: int, extra: list[str]) -> tuple[subprocess.Popen, Path, float]:
-    """Start ``name``'s run for ``seed``; a run of it cut short goes on from its checkpoint with its own config."""
+def start_case(name: str, seed: int, extra: list[str]) -> tuple[subprocess.Popen, Path, float, str]:
+    """Start ``name``'s run for ``seed``; a run of it cut short goes on from its checkpoint with its own config.
+    Returns the process, its run directory, its start time and the commit it trains with (read now: a commit made
+    while it runs is not its code)."""
     overrides, _, _ = CASES[name]
     run_dir = RESULTS / f"{name}-seed{seed}"
     checkpoint = cut_short(run_dir)
@@ -123,16 +125,17 @@ def start_case(name: str, seed: int, extra: list[str]) -> tuple[subprocess.Popen
     run_dir.mkdir(parents=True, exist_ok=True)
     with (run_dir / "console.txt").open("a") as console:  # the run's own output, its error lines included
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT)
-    return proc, run_dir, time.time()
+    return proc, run_dir, time.time(), commit()
 
 
-def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, started: float) -> dict:
+def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, started: float,
+                trained_commit: str) -> dict:
     _, target, budget = CASES[name]
-    code = proc.wait()
+    exit_code = proc.wait()
     steps, returns = read_scalars(run_dir, "eval/return")
     reached = next((int(s) for s, r in zip(steps, returns) if target is not None and r >= target), None)
     result = {
-        "case": name, "seed": seed, "exit_code": code, "target": target, "budget_env_steps": budget,
+        "case": name, "seed": seed, "exit_code": exit_code, "target": target, "budget_env_steps": budget,
         "reached_at_env_steps": reached, "passed": reached is not None and reached <= budget,
         "eval_returns": [[int(s), round(r, 1)] for s, r in zip(steps, returns)],
         "best_eval_return": max(returns) if returns else None, "wall_s": round(time.time() - started, 1),
@@ -144,14 +147,14 @@ def finish_case(name: str, seed: int, proc: subprocess.Popen, run_dir: Path, sta
         elapsed = result["summary"]["elapsed_s"]
         result["train_minutes"] = round(elapsed / 60, 1)
         result["env_steps_per_s"] = round(result["summary"]["env_steps"] / elapsed, 1) if elapsed else None
-    result["commit"] = commit()
+    result["commit"] = trained_commit
     config = run_dir / "config.yaml"
     if config.exists():
         result["config"] = yaml.safe_load(config.read_text())
     curves = read_curves(run_dir)
     if curves["plots"]:
         result["curves"] = curves
-    if code == 0:  # keep the results folder small (replay: memmap files); a failed run keeps what resumes it
+    if exit_code == 0:  # keep the results folder small (replay: memmap files); a failed run keeps what resumes it
         for bulky in ("checkpoints", "replay"):
             shutil.rmtree(run_dir / bulky, ignore_errors=True)
     # two invocations side by side (seeds=0 on one core, seeds=1 on the other) may finish runs of one case at once:
@@ -193,8 +196,8 @@ def main(argv: list[str]) -> None:
         while queue and len(running) < jobs:
             name, seed = queue.pop(0)
             running.append((name, seed, *start_case(name, seed, extra)))
-        name, seed, proc, run_dir, started = running.pop(0)
-        r = finish_case(name, seed, proc, run_dir, started)
+        name, seed, *started_case = running.pop(0)
+        r = finish_case(name, seed, *started_case)
         for metric, unit in (("reached_at_env_steps", "env_steps"), ("best_eval_return", "return"), ("wall_s", "s")):
             _emit({"bench": f"offpolicy_learning/{name}", "seed": seed, "metric": metric, "value": r[metric],
                    "unit": unit})
