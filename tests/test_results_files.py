@@ -161,7 +161,8 @@ def test_a_learning_record_carries_the_runs_config_and_curves(tmp_path, monkeypa
     run_dir = logged_run(tmp_path / "sac-pendulum-seed0")
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"algo": "sac", "seed": 0}))
     plot_curves(run_dir, {"train": "train/return", "eval": "eval/return"}, title="SAC", xlabel="steps")
-    record = learning.finish_case("sac-pendulum", 0, subprocess.Popen(["true"]), run_dir, time.time())
+    record = learning.finish_case("sac-pendulum", 0, subprocess.Popen(["true"]), run_dir, time.time(), "0123abc")
+    assert record["commit"] == "0123abc"  # the code at the run's start, not at its end
     assert record["config"] == {"algo": "sac", "seed": 0}
     assert record["curves"] == json.loads((run_dir / "curves.json").read_text())
     assert record["seed"] == 0
