@@ -192,9 +192,8 @@ def test_a_study_killed_with_sigkill_continues_in_its_database(tmp_path):
     assert done.stdout.count("its worker stopped during the run (it runs again)") == 2
 
 
-
 # A worker's run, spawned by a thread that ends (the kernel hands the run to the worker's other thread), then the
-# worker exits (the run goes to init): two parent deaths. The probe counts the SIGTERMs the run's stop handler sees.
+# worker exits (the run goes to init): two parent deaths. The run counts the SIGTERMs its stop handler sees.
 WORKER = """
 import subprocess, sys, threading, time
 def spawn():
@@ -203,10 +202,12 @@ def spawn():
 threading.Thread(target=spawn).start()
 time.sleep(3.0)  # the run has handled the first; the worker's exit is the second handing over
 """
-PROBE = """
+COUNT_SIGTERMS = """
 import signal, time
 terms = []
 signal.signal(signal.SIGTERM, lambda signum, frame: terms.append(signum))
+"""
+UNTIL_THE_WORKER_IS_GONE = """
 deadline = time.monotonic() + 6
 while time.monotonic() < deadline:
     time.sleep(0.02)
@@ -218,7 +219,7 @@ def test_a_run_gets_one_sigterm_however_often_its_worker_s_threads_hand_it_over(
     """Each handing over to a new parent sends the parent-death signal again; the run must see one SIGTERM (its clean
     stop), not a second that kills it once it has left its stop handler (a study killed under load lost a summary)."""
     out = tmp_path / "terms.txt"
-    run = tuning.ON_WORKER_DEATH.replace("{parent}", "os.getppid()") + PROBE
+    run = COUNT_SIGTERMS + tuning.ON_WORKER_DEATH.replace("{parent}", "os.getppid()") + UNTIL_THE_WORKER_IS_GONE
     worker = subprocess.run([sys.executable, "-c", WORKER, run, str(out)], timeout=30)
     assert worker.returncode == 0
     deadline = time.monotonic() + 30
