@@ -4,6 +4,7 @@ current one by :data:`MIGRATIONS`, the only place that knows older layouts), che
 it, and restored into a new run's parts."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -16,7 +17,7 @@ from shared.checkpoint import load_checkpoint, resumed_config, save_checkpoint
 from shared.config import ConfigError, check_kept_on_resume
 from shared.envs import env_kind
 
-FORMAT_VERSION = 1  # written into every checkpoint; a file without one is version 0
+FORMAT_VERSION = 2  # written into every checkpoint; a file without one is version 0
 
 # what the checkpoint's networks and optimisers were built for: a resume cannot change them
 # (env.obs_norm: the networks learned on raw or on standardised inputs; loss.value_estimator: the loss's state keys)
@@ -170,5 +171,21 @@ def _from_version_0(state: dict) -> dict:
     return {**state, "config": OmegaConf.to_container(config), "counters": counters}
 
 
+def _from_version_1(state: dict) -> dict:
+    """Version 1 -> 2: version 1 had no uniform prefill, so an algorithm with action noise (a ``random_prefill`` key
+    today) gets ``random_prefill`` false (what its run did) and its noise module's ``random_env_steps_left`` zero in
+    the exploration state (a resumed run refills with the actor)."""
+    config = OmegaConf.create(state["config"])
+    section = config.get("algo")
+    if "random_prefill" not in {f.name for f in dataclasses.fields(algorithm(section).config)}:
+        return state
+    if OmegaConf.select(config, f"{section}.random_prefill") is None:
+        OmegaConf.update(config, f"{section}.random_prefill", False)
+    exploration = state.get("exploration")
+    if exploration is not None:
+        exploration = {**exploration, "random_env_steps_left": torch.tensor(0, dtype=torch.int64)}
+    return {**state, "config": OmegaConf.to_container(config), "exploration": exploration}
+
+
 # MIGRATIONS[v]: a checkpoint of format version v -> version v + 1
-MIGRATIONS: tuple[Callable[[dict], dict], ...] = (_from_version_0,)
+MIGRATIONS: tuple[Callable[[dict], dict], ...] = (_from_version_0, _from_version_1)

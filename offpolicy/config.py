@@ -104,7 +104,9 @@ class CollectorConfig:
     env_steps_per_batch: int = key(1000, "transitions per collected batch; weights are published to the collector "
                                          "after each", min=1, integer=True)
     prefill_env_steps: int = key(5000, "transitions from the (stochastic) collection policy written before the first "
-                                       "optimiser step; there is no random-action warm-up", min=0, integer=True)
+                                       "optimiser step (uniformly random actions where the algorithm's random_prefill is "
+                                       "on)",
+                                 min=0, integer=True)
     lean: bool = key(True, "`engine=local` with a Gymnasium state-vector env stepped in this process: collect without "
                            "torchrl's `Collector` (`offpolicy/collect/lean.py`: the Gymnasium copies stepped in a "
                            "loop with numpy, the policy on plain tensors where it can, one TensorDict per batch, the "

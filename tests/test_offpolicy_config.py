@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from offpolicy_helpers import run_cli
 
 from omegaconf import OmegaConf
@@ -104,6 +105,27 @@ def test_a_version_0_checkpoint_composes_in_today_s_keys_and_the_cli_takes_today
     # today's checkpoint reads as it was written
     current = save_checkpoint(tmp_path / "new.pt", {**checkpoint.state, "config": OmegaConf.to_container(resumed)})
     assert Checkpoint.read(current).config["total_env_steps"] == 6000
+
+
+def test_a_version_1_td3_checkpoint_resumes_as_the_run_it_was(tmp_path):
+    """Format version 1 had no uniform prefill: a TD3 checkpoint of it (no ``td3.random_prefill``, no
+    ``random_env_steps_left`` in its exploration state) resumes with ``random_prefill`` false and the noisy actor
+    collecting, where today's default would prefill uniformly again."""
+    from offpolicy_helpers import train_inprocess
+
+    from offpolicy.checkpoint import Checkpoint
+
+    first = train_inprocess("algo=td3", "profile=smoke", "eval.interval_env_steps=0", "eval.final_episodes=0",
+                            f"run_dir={tmp_path / 'run'}")
+    state = torch.load(first["checkpoint"], weights_only=True)
+    assert state["format_version"] == FORMAT_VERSION and int(state["exploration"]["random_env_steps_left"]) == 0
+    del state["config"]["td3"]["random_prefill"], state["exploration"]["random_env_steps_left"]
+    torch.save({**state, "format_version": 1}, tmp_path / "v1.pt")
+    migrated = Checkpoint.read(tmp_path / "v1.pt")
+    assert migrated.config["td3"]["random_prefill"] is False
+    assert int(migrated.state["exploration"]["random_env_steps_left"]) == 0
+    resumed = train_inprocess(f"resume={tmp_path / 'v1.pt'}", "total_env_steps=400", f"run_dir={tmp_path / 'resumed'}")
+    assert resumed["status"] == "completed" and resumed["env_steps"] == 400
 
 
 @pytest.mark.parametrize("version", [FORMAT_VERSION + 1, "1"])

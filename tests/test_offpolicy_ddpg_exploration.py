@@ -14,8 +14,8 @@ from offpolicy.engines.local import LocalEngine
 from offpolicy.envs import make_train_env
 
 
-def _build(tmp_path, *overrides):
-    cfg, _ = compose_config(["algo=ddpg", "env=HalfCheetah-v5", "profile=smoke", "collector.env_steps_per_batch=500",
+def _build(tmp_path, *overrides, algo="ddpg"):
+    cfg, _ = compose_config([f"algo={algo}", "env=HalfCheetah-v5", "profile=smoke", "collector.env_steps_per_batch=500",
                              *overrides])
     torch.manual_seed(0)
     env = make_train_env(cfg)
@@ -66,6 +66,36 @@ def test_publishing_versions_the_next_batch_and_it_uses_the_new_actor_and_noise(
         noise = batch["action"] - _deterministic(parts.eval_policy, batch)  # around the changed actor
         assert float(noise.std()) < 0.08  # explores with the new sigma 0.05
         assert engine.publish() == 2 and (next(iter(collector))["next", "policy_version"] == 2).all()
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_td3_prefills_with_uniform_actions_then_acts_with_its_noisy_actor(tmp_path, lean):
+    """TD3's ``td3.random_prefill`` (its default): the prefill's batches are drawn uniformly in the action bounds
+    (HalfCheetah's [-1, 1]: std 1/sqrt(3) = 0.577), by our collector and torchrl's alike, whatever the actor says; the
+    count is of whole batches, taken down as the loop anneals after each. Once it has counted the prefill's env
+    steps, the next batch is the noisy actor's (std 0.1 around the deterministic action). The count is a buffer of
+    the collection policy, so the weights published to Ray's collectors and the overlap child carry it."""
+    from offpolicy.algos.base import anneal
+
+    cfg, parts, collector, engine = _build(tmp_path, f"collector.lean={str(lean).lower()}", algo="td3")
+    try:
+        assert cfg.td3.random_prefill and int(parts.exploration.random_env_steps_left) == 200  # the smoke prefill
+        published = TensorDict.from_module(parts.collect_policy).keys(include_nested=True, leaves_only=True)
+        assert any(key[-1] == "random_env_steps_left" for key in published)
+        first = next(iter(collector))
+        action = first["action"]
+        assert float(action.std()) == pytest.approx(3 ** -0.5, abs=0.02) and abs(float(action.mean())) < 0.03
+        assert float(action.min()) < -0.98 and float(action.max()) > 0.98 and float(action.abs().max()) <= 1.0
+        assert float((action - _deterministic(parts.eval_policy, first)).std()) > 0.4
+        anneal(parts.exploration, first.numel())  # as the loop does after the batch: 500 steps > the 200 left
+        assert int(parts.exploration.random_env_steps_left) == 0
+        engine.publish()
+        second = next(iter(collector))
+        noise = second["action"] - _deterministic(parts.eval_policy, second)
+        inside = (_deterministic(parts.eval_policy, second).abs() < 0.7).all(-1)  # where the bounds cut no noise
+        assert float(noise[inside].std()) == pytest.approx(0.1, abs=0.02)
     finally:
         collector.shutdown()
 

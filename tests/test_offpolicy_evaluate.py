@@ -8,6 +8,7 @@ import torch
 from offpolicy_helpers import train_inprocess
 
 from offpolicy.algos import ALGOS
+from offpolicy.checkpoint import FORMAT_VERSION
 from offpolicy.evaluate import main
 
 
@@ -62,7 +63,7 @@ def test_a_checkpoint_of_format_version_0_evaluates_and_resumes(checkpoint, tmp_
     assert result["env_steps_trained"] == trained["env_steps"] == 300 and len(result["returns"]) == 2
     resumed = train_inprocess(f"resume={tmp_path / 'checkpoints' / 'last.pt'}", "total_env_steps=400")
     assert resumed["status"] == "completed" and resumed["env_steps"] == 400
-    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["format_version"] == 1
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["format_version"] == FORMAT_VERSION
 
 
 @pytest.mark.parametrize("args, message", [

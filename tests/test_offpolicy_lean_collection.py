@@ -191,18 +191,27 @@ def _policy(algo, *overrides):
 
 @pytest.mark.parametrize("algo", ["td3", "ddpg"])
 def test_gaussian_noise_policys_tensor_path_is_its_tensordict_path(algo):
-    """Without noise (sigma 0) ``act`` is the TensorDict path's action; with sigma 0.1 (half-range units; HalfCheetah's
+    """During a uniform prefill both paths draw the same uniform actions; then without noise (sigma 0) ``act`` is the
+    TensorDict path's action; with sigma 0.1 (half-range units; HalfCheetah's
     half range is 1) the noise has std 0.1 around it, and every action stays inside the bounds."""
     from tensordict import TensorDict
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 
     from offpolicy.algos.base import ActsOnTensors
 
-    parts = _policy(algo, f"{algo}.noise=gaussian")
+    parts = _policy(algo, f"{algo}.noise=gaussian", f"{algo}.random_prefill=true")
     policy = parts.collect_policy
     assert isinstance(policy, ActsOnTensors)
     obs = torch.randn(4000, 17)
     with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        # the uniform prefill (the smoke profile's 200 env steps): the same draws on both paths
+        assert int(parts.exploration.random_env_steps_left) == 200
+        torch.manual_seed(1)
+        uniform = policy.act(obs)
+        torch.manual_seed(1)
+        assert torch.equal(policy(TensorDict({"observation": obs}, [4000]))["action"], uniform)
+        assert float(uniform.std()) == pytest.approx(3 ** -0.5, abs=0.01) and float(uniform.abs().max()) <= 1.0
+        parts.exploration.random_env_steps_left.zero_()
         parts.exploration.sigma.fill_(0.0)
         expected = policy(TensorDict({"observation": obs}, [4000]))["action"]
         assert torch.allclose(policy.act(obs), expected, atol=1e-6)

@@ -39,10 +39,14 @@ class DrawsAhead(Protocol):
 def anneal(exploration: nn.Module, env_steps: int) -> None:
     """Anneal torchrl's epsilon-greedy, Gaussian or OU exploration module by ``env_steps`` in one update: the value
     torchrl's ``step(env_steps)`` reaches, ``max(end, value - env_steps (init - end) / annealing_num_steps)``. Why not
-    ``step``: it runs ``env_steps`` small tensor updates (torchrl 0.14.1), a cost per collected env step."""
+    ``step``: it runs ``env_steps`` small tensor updates (torchrl 0.14.1), a cost per collected env step. An action
+    noise's uniform prefill (``random_env_steps_left``, offpolicy/algos/networks.py ``noise``) counts down with it."""
     name = "sigma" if hasattr(exploration, "sigma_init") else "eps"  # Gaussian noise; epsilon-greedy and OU: eps
     value, init, end = (getattr(exploration, f"{name}{suffix}") for suffix in ("", "_init", "_end"))
     value.data.copy_(torch.maximum(end, value - env_steps * (init - end) / exploration.annealing_num_steps))
+    random_left = getattr(exploration, "random_env_steps_left", None)  # action noise: its uniform prefill
+    if random_left is not None:
+        random_left.copy_((random_left - env_steps).clamp(min=0))
 
 
 @dataclass

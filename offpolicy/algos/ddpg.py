@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from offpolicy.algos import networks as nets
 from offpolicy.algos.base import AlgoParts, Algorithm
 from offpolicy.algos.policies import SquashedActor, noisy_policy
+from shared.config import ConfigError
 from shared.schema import key
 
 
@@ -15,7 +16,7 @@ def build(cfg, env, device) -> AlgoParts:
 
     obs_spec, action_spec = nets.specs(env)
     actor = nets.continuous_actor(cfg.model, obs_spec, action_spec)
-    noise = nets.noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_env_steps)
+    noise = nets.noise(cfg.ddpg, action_spec, cfg.ddpg.anneal_env_steps, cfg.collector.prefill_env_steps)
     loss = nets.with_value_estimator(cfg.loss, DDPGLoss(actor, nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1]),
                                                    loss_function=cfg.loss.function, delay_actor=True,
                                                    delay_value=True))
@@ -35,6 +36,13 @@ class DDPGConfig(nets.NoiseConfig):
     noise: str = key("gaussian", "gaussian, ou (Ornstein-Uhlenbeck) or none", choices=("gaussian", "ou", "none"))
     sigma: float = key(0.2, "exploration noise std, in units of half the action range", min=1e-9)
     sigma_end: float = key(0.2, "annealed linearly to this...", min=0)
+
+    @staticmethod
+    def check(cfg) -> None:
+        """A uniform prefill replaces the noisy actor's actions: without noise there is no such actor to replace."""
+        if cfg.ddpg.random_prefill and cfg.ddpg.noise == "none":
+            raise ConfigError("ddpg.random_prefill=True is not allowed with ddpg.noise=none; allowed: false, or "
+                              "ddpg.noise=gaussian or ou")
 
 
 ALGORITHM = Algorithm(name="ddpg", discrete=False, smoke_env="Pendulum-v1", build=build, config=DDPGConfig)

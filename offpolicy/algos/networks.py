@@ -30,6 +30,9 @@ class NoiseConfig:
     sigma: float = key(0.1, "exploration noise std, in units of half the action range", min=1e-9)
     sigma_end: float = key(0.1, "annealed linearly to this...", min=0)
     anneal_env_steps: int = key(1000000, "...over this many collected env steps", min=1, integer=True)
+    random_prefill: bool = key(False, "the prefill's actions (collector.prefill_env_steps, before the first optimiser "
+                                      "step) drawn uniformly in the action bounds, as the TD3 authors' "
+                                      "start_timesteps; false: the noisy actor's")
 
 
 @dataclass
@@ -162,20 +165,28 @@ def tanh_normal_actor(model: DictConfig, obs_spec, action_spec):
     )
 
 
-def noise(section: DictConfig, action_spec, anneal_env_steps: int):
-    """Additive Gaussian or Ornstein-Uhlenbeck action noise; sigma is in units of half the action range."""
+def noise(section: DictConfig, action_spec, anneal_env_steps: int, prefill_env_steps: int):
+    """Additive Gaussian or Ornstein-Uhlenbeck action noise; sigma is in units of half the action range. Its buffer
+    ``random_env_steps_left`` counts the env steps still to act uniformly at random (the prefill's, with
+    ``random_prefill``; :class:`~offpolicy.algos.policies.NoisyActor` reads it, :func:`~offpolicy.algos.base.anneal`
+    counts it down): a buffer, so it travels to the collectors with the published weights and resumes with the
+    exploration state."""
     from torchrl.modules import AdditiveGaussianModule, OrnsteinUhlenbeckProcessModule
 
     half_range = (action_spec.space.high - action_spec.space.low) / 2
     if section.noise == "gaussian":
-        return AdditiveGaussianModule(action_spec, sigma_init=section.sigma, sigma_end=section.sigma_end,
-                                      annealing_num_steps=anneal_env_steps, std=half_range, safe=True)
-    if section.noise == "ou":
+        module = AdditiveGaussianModule(action_spec, sigma_init=section.sigma, sigma_end=section.sigma_end,
+                                        annealing_num_steps=anneal_env_steps, std=half_range, safe=True)
+    elif section.noise == "ou":
         # OU's own scale is absolute; eps anneals it from 1 to sigma_end / sigma. Needs the env's InitTracker.
-        return OrnsteinUhlenbeckProcessModule(action_spec, sigma=float(section.sigma * half_range.mean()),
-                                              eps_init=1.0, eps_end=section.sigma_end / section.sigma,
-                                              annealing_num_steps=anneal_env_steps, safe=True)
-    return None
+        module = OrnsteinUhlenbeckProcessModule(action_spec, sigma=float(section.sigma * half_range.mean()),
+                                                eps_init=1.0, eps_end=section.sigma_end / section.sigma,
+                                                annealing_num_steps=anneal_env_steps, safe=True)
+    else:
+        return None
+    module.register_buffer("random_env_steps_left",
+                           torch.tensor(prefill_env_steps if section.random_prefill else 0, dtype=torch.int64))
+    return module
 
 
 def noise_value(module) -> Callable[[], float]:

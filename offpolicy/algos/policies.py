@@ -22,6 +22,7 @@ import torch
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torch.nn import functional as F
+from torchrl.envs.utils import ExplorationType, exploration_type
 from torchrl.modules import AdditiveGaussianModule, ProbabilisticActor
 
 from shared.models import chained_forward
@@ -97,16 +98,33 @@ class TanhNormalActor(ProbabilisticActor):
         return self.distribution(observation).sample()
 
 
-class GaussianNoiseActor(TensorDictSequential):
-    """:func:`~offpolicy.algos.networks.continuous_actor` then torchrl's ``AdditiveGaussianModule`` (TD3, DDPG),
-    plus :meth:`act`."""
+class NoisyActor(TensorDictSequential):
+    """:func:`~offpolicy.algos.networks.continuous_actor` then torchrl's action noise (TD3, DDPG). While the noise
+    module's ``random_env_steps_left`` is above zero (a ``random_prefill``), the action is drawn uniformly in the
+    action bounds instead (under the RANDOM exploration type, where the noise applies); the actor and the noise still
+    run, so their state (OU's process) and the random draws before the uniform one are those of the noisy path.
+    torchrl's noise modules have no uniform warm-up (0.14.1)."""
+
+    def forward(self, tensordict, *args, **kwargs):
+        tensordict = super().forward(tensordict, *args, **kwargs)
+        noise = self.module[-1]
+        if noise.random_env_steps_left > 0 and exploration_type() in (ExplorationType.RANDOM, None):
+            tensordict.set(noise.action_key, noise.spec[noise.action_key].rand(tensordict.batch_size))
+        return tensordict
+
+
+class GaussianNoiseActor(NoisyActor):
+    """:class:`NoisyActor` with torchrl's ``AdditiveGaussianModule``, plus :meth:`act`."""
 
     def act(self, observation: torch.Tensor) -> torch.Tensor:
         """The deterministic action plus Gaussian noise (mean, std and the annealed sigma of the noise module),
-        projected into the action bounds, ``[n, A]``."""
+        projected into the action bounds, ``[n, A]``; uniformly random in the bounds while the noise module's
+        ``random_env_steps_left`` is above zero."""
         actor, noise = self.module
         action = _squashed(actor, observation)
         action = action + torch.normal(noise.mean.expand(action.shape), noise.std.expand(action.shape)) * noise.sigma
+        if noise.random_env_steps_left > 0:
+            return noise.spec["action"].rand(action.shape[:-1])
         return noise.spec["action"].project(action)
 
 
@@ -117,7 +135,7 @@ def noisy_policy(actor: TensorDictSequential, noise: nn.Module | None) -> nn.Mod
         return actor
     if isinstance(noise, AdditiveGaussianModule):
         return GaussianNoiseActor(actor, noise)
-    return TensorDictSequential(actor, noise)
+    return NoisyActor(actor, noise)
 
 
 class DeterministicActor(TensorDictModuleBase):

@@ -40,7 +40,7 @@ def make_loss(cfg, actor, critic, action_spec):
 def build(cfg, env, device) -> AlgoParts:
     obs_spec, action_spec = nets.specs(env)
     actor = nets.continuous_actor(cfg.model, obs_spec, action_spec)
-    noise = nets.noise(cfg.td3, action_spec, cfg.td3.anneal_env_steps)
+    noise = nets.noise(cfg.td3, action_spec, cfg.td3.anneal_env_steps, cfg.collector.prefill_env_steps)
     loss = make_loss(cfg, actor, nets.qvalue(cfg.model, obs_spec, action_spec.shape[-1]), action_spec)
     groups = nets.actor_critic_groups(cfg.optim, cfg.compile, loss, loss.qvalue_network_params, "loss_qvalue",
                                       actor_every=cfg.td3.policy_delay, targets_follow_actor=True)
@@ -57,6 +57,9 @@ def build(cfg, env, device) -> AlgoParts:
 class TD3Config(nets.NoiseConfig):
     """TD3's section"""
 
+    random_prefill: bool = key(True, "the prefill's actions (collector.prefill_env_steps, before the first optimiser "
+                                     "step) drawn uniformly in the action bounds, as the TD3 authors' start_timesteps; "
+                                     "false: the noisy actor's")
     policy_delay: int = key(2, "actor and target updates every this many critic steps", min=1, integer=True)
     target_noise: float = key(0.2, "target policy smoothing noise std, in units of half the action range (TD3 paper: "
                                    "0.2 x max_action)", min=0)
