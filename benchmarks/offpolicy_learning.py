@@ -92,6 +92,9 @@ CASES.update({f"{algo}-{env.lower()}-300k": ([f"algo={algo}", f"env={env}-v5", *
 # code: 3e-4 for every network) against our default's 1e-3, beside the default case's run of the same seed
 CASES["td3-halfcheetah-300k-critic-lr-3e-4"] = (["algo=td3", "env=HalfCheetah-v5", *MUJOCO_300K,
                                                  "optim.critic_lr=0.0003"], None, 300_000)
+# TD3 on Hopper as the default was before its uniform prefill (49d527d): 5k env steps prefilled by the noisy actor
+CASES["td3-hopper-300k-noisy-prefill"] = (["algo=td3", "env=Hopper-v5", *MUJOCO_300K, "td3.random_prefill=false",
+                                           "collector.prefill_env_steps=5000"], None, 300_000)
 
 
 # the cases whose training swaps CrossQ's batch renormalisation back to torchrl's own class
