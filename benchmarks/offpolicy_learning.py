@@ -88,13 +88,13 @@ MUJOCO_300K = ["total_env_steps=300000", "eval.interval_env_steps=10000", "eval.
                "checkpoint.interval_s=300"]
 CASES.update({f"{algo}-{env.lower()}-300k": ([f"algo={algo}", f"env={env}-v5", *MUJOCO_300K], None, 300_000)
               for algo in ("sac", "td3", "crossq") for env in ("HalfCheetah", "Hopper", "Walker2d")})
-# TD3 with the critic's learning rate of the published runs' recipe (Tianshou's mujoco_td3.py, CleanRL, the TD3 authors'
-# code: 3e-4 for every network) against our default's 1e-3, beside the default case's run of the same seed
-CASES["td3-halfcheetah-300k-critic-lr-3e-4"] = (["algo=td3", "env=HalfCheetah-v5", *MUJOCO_300K,
-                                                 "optim.critic_lr=0.0003"], None, 300_000)
-# TD3 on Hopper as the default was before its uniform prefill (49d527d): 5k env steps prefilled by the noisy actor
-CASES["td3-hopper-300k-noisy-prefill"] = (["algo=td3", "env=Hopper-v5", *MUJOCO_300K, "td3.random_prefill=false",
-                                           "collector.prefill_env_steps=5000"], None, 300_000)
+# TD3's defaults before its uniform prefill (17b543d): 5k env steps prefilled by the noisy actor, with the critic
+# learning rate of before 49d527d (1e-3) and of the published recipe (3e-4), and on Hopper with 3e-4
+NOISY_PREFILL = ["td3.random_prefill=false", "collector.prefill_env_steps=5000"]
+CASES.update({f"td3-halfcheetah-300k-critic-lr-{lr}": (["algo=td3", "env=HalfCheetah-v5", *MUJOCO_300K, *NOISY_PREFILL,
+                                                        f"optim.critic_lr={value}"], None, 300_000)
+              for lr, value in (("1e-3", 0.001), ("3e-4", 0.0003))})
+CASES["td3-hopper-300k-noisy-prefill"] = (["algo=td3", "env=Hopper-v5", *MUJOCO_300K, *NOISY_PREFILL], None, 300_000)
 
 
 # the cases whose training swaps CrossQ's batch renormalisation back to torchrl's own class
