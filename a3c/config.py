@@ -99,8 +99,8 @@ class OptimConfig:
 @dataclass
 class EvalConfig:
     interval_frames: int = key(2000000, "run greedy episodes every this many frames in a separate process; the "
-                                        "workers wait for an evaluation that is a whole interval late, so none lags "
-                                        "more (0 = never)", min=0, integer=True)
+                                        "workers wait at an interval's end for the evaluation of its weights, so none "
+                                        "lags more or is skipped (0 = never)", min=0, integer=True)
     episodes: int = key(3, 'greedy episodes per periodic evaluation', min=1, integer=True)
     final_episodes: int = key(10, 'greedy episodes in the final evaluation (0 = none)', min=0, integer=True)
     max_episode_frames: int = key(108000, "cap on an evaluation episode's emulator frames", min=1, integer=True)

@@ -70,8 +70,8 @@ def evaluator_main(cfg_dict: dict, global_model: AtariActorCritic, num_actions: 
     """Background evaluator process: greedy episodes of the global weights every ``eval.interval_frames``.
 
     It only reads the shared weights, and it keeps up: it runs at the workers' priority (a fair share of the CPU
-    while it plays), and should training still go a whole interval past the weights it plays, the workers wait for
-    its result (``SharedStats.eval_behind``). So a result comes at most one interval (plus the rollouts in flight)
+    while it plays), and should training still reach the end of the interval of the weights it plays, the workers
+    wait for its result (``SharedStats.eval_behind``). So a result comes at most one interval (plus the rollouts in flight)
     after its weights, and every interval is evaluated. At nice 10 on a saturated 2-core machine it had fallen ~6M
     frames behind at 1M-frame intervals.
     """

@@ -90,10 +90,12 @@ class SharedStats:
         self.evaluating.fill_(NOT_EVALUATING)
 
     def eval_behind(self, interval: int) -> bool:
-        """Whether training has gone a whole ``interval`` past the weights being evaluated (then the workers wait, so
-        an evaluation's result never comes more than one interval after its weights)."""
+        """Whether training has reached the end of the interval the evaluated weights are in (then the workers wait,
+        so a result comes at most one interval after its weights, and the next evaluation starts inside the next
+        interval: none is skipped). Waiting a whole interval past the weights instead let each evaluation start the
+        rollouts in flight later than the last, until one interval went unevaluated."""
         evaluating = int(self.evaluating)
-        return evaluating != NOT_EVALUATING and self.frames_unlocked >= evaluating + interval
+        return evaluating != NOT_EVALUATING and self.frames_unlocked >= (evaluating // interval + 1) * interval
 
     def set_final_eval(self, frames: int, mean: float, std: float, episodes: int) -> None:
         with self._holding(self.eval_lock):

@@ -36,7 +36,7 @@ def test_a_lock_held_by_a_dead_worker_only_delays_readers(monkeypatch):
     assert stats.frames == 80 and time.monotonic() - start < 2
 
 
-def test_training_a_whole_interval_past_the_evaluated_weights_is_behind():
+def test_training_at_the_end_of_the_evaluated_weights_interval_is_behind():
     stats = SharedStats(workers=1)
     stats.add_progress(0, frames=1000, updates=1)
     assert not stats.eval_behind(500)  # nothing being evaluated
@@ -48,13 +48,16 @@ def test_training_a_whole_interval_past_the_evaluated_weights_is_behind():
     stats.add_eval(1000, mean=-20.0, std=1.0, episodes=3)
     assert not stats.eval_behind(500)
     assert stats.evals_since(0) == ([(1000.0, -20.0, 1.0, 3.0, 1500.0)], 1)  # its weights' frames, then the result's
-    stats.start_eval(1500)
-    stats.add_progress(0, frames=600, updates=1)
+    stats.add_progress(0, frames=200, updates=1)
+    stats.start_eval(1700)  # weights inside an interval (1500-2000): the workers wait at its end, 2000
+    stats.add_progress(0, frames=299, updates=1)
+    assert not stats.eval_behind(500)
+    stats.add_progress(0, frames=1, updates=1)
     assert stats.eval_behind(500)
     stats.end_eval()  # a stopped or dead evaluator: nobody waits
     assert not stats.eval_behind(500)
     stats.add_eval_wait(0, 1.25)
-    assert stats.eval_wait_s() == [1.25] and stats.snapshot()["frames"] == 2100
+    assert stats.eval_wait_s() == [1.25] and stats.snapshot()["frames"] == 2000
 
 
 def _poll_forever(flag) -> None:
