@@ -2,10 +2,22 @@
 flag it polls; one module both import, so that a3c.worker and a3c.evaluate do not import each other."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import signal
 import time
 
 import torch
+
+
+def child_context():
+    """The multiprocessing context of the workers and the evaluator: children forked from a fork server that has
+    imported their code (torch and torchrl) once, where each spawned child imported it again (~4 s of CPU apiece).
+    Not a plain fork of the main process: its torch has already run (the shared model), and forking a process whose
+    thread pools are up is unsafe. The server is started at the first child, after the main process has set the
+    environment its children inherit (``OMP_NUM_THREADS``)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["a3c.supervisor"])  # the workers' and the evaluator's modules, and what they import
+    return ctx
 
 
 def process_setup() -> None:

@@ -12,9 +12,10 @@ as before there were locks.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 
 import torch
+
+from a3c.child_process import child_context
 
 LOCK_TIMEOUT_S = 1.0
 
@@ -40,7 +41,7 @@ class SharedStats:
         self.evaluating = torch.full((), NOT_EVALUATING, dtype=torch.int64).share_memory_()
         # (done flag, frames, mean return, std, episodes), written once by worker 0 at the end
         self.final_eval = torch.zeros(5, dtype=torch.float64).share_memory_()
-        ctx = mp.get_context("spawn")  # the workers' context: the locks travel to them with this object
+        ctx = child_context()  # the workers' context: the locks travel to them with this object
         self.locks = [ctx.Lock() for _ in range(workers)]  # one per worker row
         self.eval_lock = ctx.Lock()  # the eval ring and the final evaluation
 

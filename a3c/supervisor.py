@@ -15,7 +15,8 @@ class WorkerFailure(RuntimeError):
 
 
 class WorkerPool:
-    """The worker processes (spawned, daemonic: they die with the main process) and the optional evaluator."""
+    """The worker processes (daemonic, forked from the fork server: they die with the main process) and the optional
+    evaluator."""
 
     def __init__(self, ctx, cfg_dict: dict, model, optimizer, num_actions: int, stats: SharedStats):
         self.ctx, self.cfg, self.model, self.optimizer = ctx, cfg_dict, model, optimizer

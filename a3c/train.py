@@ -8,7 +8,6 @@ process supervises them, shows progress, checkpoints on a timer and on exit, and
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -19,6 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from a3c.child_process import child_context
 from a3c.config import ALIASES, compose_config, config_help
 from a3c.model import FORMAT_VERSION, build_model
 from a3c.optim import make_shared_optimizer
@@ -77,9 +77,9 @@ def compose_run(argv: list[str]) -> tuple[DictConfig, dict | None]:
 def train(cfg: DictConfig, ckpt: dict | None = None) -> dict:
     """Run the job ``cfg`` describes (continuing checkpoint ``ckpt``); returns the summary (also written to
     ``summary.json``)."""
-    check_main_guard("a3c.train")  # before the run dir or any worker: the workers are spawned
+    check_main_guard("a3c.train")  # before the run dir or any worker: each child imports ``__main__`` again
     run_dir = make_run_dir(cfg, f"a3c-{cfg.env.name}")
-    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers before they import torch
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the fork server before it imports torch, and its children
     torch.set_num_threads(1)
 
     # The number of actions is the size of ALE's minimal action set of the game, the set the workers' AtariVectorEnv
@@ -99,7 +99,7 @@ def train(cfg: DictConfig, ckpt: dict | None = None) -> dict:
 
     # a resumed run's workers (and their evaluations) play new games, not the first run's again
     workers_cfg = {**OmegaConf.to_container(cfg, resolve=True), "seed": resumed_seed(cfg.seed, stats.frames)}
-    pool = WorkerPool(mp.get_context("spawn"), workers_cfg, model, optimizer, num_actions, stats)
+    pool = WorkerPool(child_context(), workers_cfg, model, optimizer, num_actions, stats)
     stop = StopRequest()
     start_time, start_frames = time.monotonic(), stats.frames
     last_ckpt = start_time

@@ -5,6 +5,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -144,6 +145,9 @@ def test_periodic_evaluation_is_logged_and_ctrl_c_stops_everything_within_10s(tm
     try:
         _wait_for(run_dir, proc, "eval/return", 1)  # the background evaluator's result, logged by worker 0
         pids = json.loads((run_dir / "pids.json").read_text())
+        # the children are forked from one fork server that imported their code once, not spawned by the main process
+        (server,) = {psutil.Process(pid).ppid() for name, pid in pids.items() if name != "main"}
+        assert server != pids["main"] and "forkserver" in " ".join(psutil.Process(server).cmdline())
         os.kill(pids["evaluator"], signal.SIGKILL)  # a dead evaluator is noticed and replaced
         deadline = time.monotonic() + 30
         while "restarting it (1/" not in (tmp_path / "log").read_text():
@@ -158,6 +162,10 @@ def test_periodic_evaluation_is_logged_and_ctrl_c_stops_everything_within_10s(tm
             time.sleep(0.1)
         assert not alive(children), "workers still running 10 s after Ctrl-C"
         assert proc.wait(timeout=30) == 130  # then the final checkpoint, curves and summary
+        deadline = time.monotonic() + 10
+        while alive([server]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive([server]), "the fork server outlived its run"
         summary = _summary(run_dir)
         assert summary["status"] == "interrupted" and summary["evals"] >= 2 and summary["last_eval"]["episodes"] == 1
         assert summary["evaluator_restarts"] == 1 and not alive([summary["pids"]["evaluator"]])
