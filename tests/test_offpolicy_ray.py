@@ -62,7 +62,7 @@ def test_ray_ctrl_c_saves_and_leaves_no_ray_process(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it): the run finishes its round, saves the
     learner's state, writes the summary, exits 130 and leaves no Ray process. One learner rank: what an interrupt
     does is the same for any number of ranks (the state of two ranks, checked equal, is the smoke run's checkpoint
-    above and the dead collector's below), and each rank is one more process to start on a 2-core machine."""
+    above), and each rank is one more process to start on a 2-core machine."""
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
     proc = start_module("offpolicy.train", "algo=sac", "env=Pendulum-v1", "profile=ray_smoke", "ray.world_size=1",
                         "total_env_steps=100000", "eval.interval_env_steps=0", f"run_dir={run_dir}", log=log)
@@ -97,11 +97,13 @@ def test_a_dead_collector_past_the_limit_ends_the_run_and_it_resumes(tmp_path):
     """DQN on CartPole with profile=ray_smoke and ray.max_collector_restarts=0: SIGKILL a collector actor once the
     run trains. Whatever it was doing (a batch, a replay write, a weight publication), no replacement is left: the
     run ends within 30 s with one error line naming the limit, exit 4, a summary and a checkpoint whose learner
-    matches its counters, and no Ray process left. Resuming it restores the ranks and completes exactly. (Which
+    matches its counters, and no Ray process left. Resuming it restores the rank and completes exactly. (Which
     moment a death comes at, and a replacement's accounting, are tested with fixed paths: the fake-actor tests below
-    and the real-Ray pool test.)"""
+    and the real-Ray pool test.) One learner rank, as in the Ctrl-C test above: a death is the collectors' matter, and
+    the state of two ranks, checked equal, is the smoke run's checkpoint."""
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
-    proc = start_module("offpolicy.train", "algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "total_env_steps=100000",
+    proc = start_module("offpolicy.train", "algo=dqn", "env=CartPole-v1", "profile=ray_smoke", "ray.world_size=1",
+                        "total_env_steps=100000",
                         "eval.interval_env_steps=0", "ray.max_collector_restarts=0", f"run_dir={run_dir}", log=log)
     try:
         _wait_for_training(proc, run_dir, log)
