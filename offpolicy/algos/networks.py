@@ -22,6 +22,11 @@ ACTIVATIONS = {"relu": ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
 warnings.filterwarnings("ignore", message="No target network updater has been associated")
 
 
+# the doc of ``random_prefill``, declared by NoiseConfig (false) and by TD3 (true)
+RANDOM_PREFILL_DOC = ("the prefill's actions (collector.prefill_env_steps, before the first optimiser step) drawn "
+                      "uniformly in the action bounds, as the TD3 authors' start_timesteps; false: the noisy actor's")
+
+
 @dataclass
 class NoiseConfig:
     """The keys of an exploration-noise section (TD3, DDPG)."""
@@ -30,9 +35,7 @@ class NoiseConfig:
     sigma: float = key(0.1, "exploration noise std, in units of half the action range", min=1e-9)
     sigma_end: float = key(0.1, "annealed linearly to this...", min=0)
     anneal_env_steps: int = key(1000000, "...over this many collected env steps", min=1, integer=True)
-    random_prefill: bool = key(False, "the prefill's actions (collector.prefill_env_steps, before the first optimiser "
-                                      "step) drawn uniformly in the action bounds, as the TD3 authors' "
-                                      "start_timesteps; false: the noisy actor's")
+    random_prefill: bool = key(False, RANDOM_PREFILL_DOC)
 
 
 @dataclass

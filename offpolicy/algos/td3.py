@@ -57,9 +57,7 @@ def build(cfg, env, device) -> AlgoParts:
 class TD3Config(nets.NoiseConfig):
     """TD3's section"""
 
-    random_prefill: bool = key(True, "the prefill's actions (collector.prefill_env_steps, before the first optimiser "
-                                     "step) drawn uniformly in the action bounds, as the TD3 authors' start_timesteps; "
-                                     "false: the noisy actor's")
+    random_prefill: bool = key(True, nets.RANDOM_PREFILL_DOC)
     policy_delay: int = key(2, "actor and target updates every this many critic steps", min=1, integer=True)
     target_noise: float = key(0.2, "target policy smoothing noise std, in units of half the action range (TD3 paper: "
                                    "0.2 x max_action)", min=0)
