@@ -98,6 +98,10 @@ CASES["td3-hopper-300k-noisy-prefill"] = (["algo=td3", "env=Hopper-v5", *MUJOCO_
 # TD3's default on Walker2d-v4, the model of the published v3 runs (its right foot's friction 0.9, v5's 1.9): the
 # one difference of env between ours and theirs, checked when TD3 on v5 stayed below the published band
 CASES["td3-walker2d-v4-300k"] = (["algo=td3", "env=Walker2d-v4", *MUJOCO_300K], None, 300_000)
+# ...and on v5 with rounds of 50 env steps and 50 updates, near the published recipe's one and one (ours: 1,000 and
+# 1,000, so a round's data comes from a policy up to 1,000 updates old)
+CASES["td3-walker2d-300k-rounds50"] = (["algo=td3", "env=Walker2d-v5", *MUJOCO_300K, "collector.env_steps_per_batch=50"],
+                                      None, 300_000)
 
 
 # the cases whose training swaps CrossQ's batch renormalisation back to torchrl's own class
