@@ -118,9 +118,17 @@ class Run:
 
     def train(self, loop: Callable[["Run"], None]) -> dict:
         """Run ``loop(self)`` until it ends or is stopped (:meth:`until_stopped`), close the engine, run the final
-        evaluation, close the logger, write ``summary.json`` and the curves; returns the summary."""
+        evaluation, close the logger, write ``summary.json`` and the curves; returns the summary. An exception that
+        is neither the env's nor an engine's known failure (a defect) still gets its summary (``status: crashed``,
+        the latest whole-round checkpoint) before it propagates with its traceback."""
+        crash = None
         try:
             status, error = self.until_stopped(loop)
+        except Exception as exc:
+            crash, status = exc, "crashed"
+            error = f"{type(exc).__name__}: {next(iter(str(exc).strip().splitlines()), '')}".rstrip(": ")
+            # the state in memory may be mid-round: no checkpoint of it, the last whole round's stays
+            self.checkpoint_saved = self.checkpoint_path if self.checkpoint_path.exists() else None
         finally:
             self.engine.close()
         status, error = self.final_evaluation(status, error)
@@ -130,6 +138,10 @@ class Run:
         cfg = self.cfg
         plot_curves(self.run_dir, {"train": "train/return", "eval": "eval/return"},
                     title=f"{cfg.algo.upper()} on {cfg.env.name}", xlabel="collected env steps")
+        if crash is not None:
+            print(f"error: crashed: {error}; summary: {self.run_dir / 'summary.json'}; latest checkpoint: "
+                  f"{self.checkpoint_saved}", file=sys.stderr)
+            raise crash
         return summary
 
     def evaluate_if_due(self) -> None:

@@ -2,6 +2,8 @@
 state at the break in broken.pt and last.pt left at the last whole round. Runs in-process (DQN on CartPole, the fastest algorithm) so the parts can be patched."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from offpolicy_helpers import train_inprocess
@@ -164,6 +166,31 @@ def test_a_broken_round_is_never_saved_as_the_checkpoint_that_resumes(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and err.startswith(f"error: resume='{tmp_path / 'checkpoints' / 'broken.pt'}' is "
                                                     "the state at a broken invariant (non-finite metrics")
+
+
+# --- a defect: an exception that is neither the env's nor an engine's known failure ---------------------------------
+
+def test_a_crash_writes_its_summary_keeps_the_last_whole_round_and_raises(tmp_path, monkeypatch, capsys):
+    """The replay's sampler raises in the first round that learns: the exception still propagates with its traceback
+    (exit 1 on the command line), after summary.json says ``crashed`` with the error's first line, and the checkpoint
+    it names is the last whole round's (written every round here), not the state in the middle of the crash."""
+    def raising(sample):
+        def sample_(*args, **kwargs):
+            raise RuntimeError("sampler defect\nits second line")
+        return sample_
+
+    _patch_buffer(monkeypatch, "sample", raising)
+    monkeypatch.setattr(Run, "checkpoint_if_due", Run.save_checkpoint)  # a periodic checkpoint after every round
+    with pytest.raises(RuntimeError, match="sampler defect"):
+        train.main([*ARGS, f"run_dir={tmp_path}"])
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "crashed" and s["error"] == "RuntimeError: sampler defect"
+    assert s["checkpoint"] == str(tmp_path / "checkpoints" / "last.pt") and s["broken_state"] is None
+    kept = torch.load(s["checkpoint"], weights_only=True)
+    assert kept["counters"]["batches"] == s["batches"] >= 1 and kept["counters"]["optim_steps"] == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: crashed: RuntimeError: sampler defect; summary: {tmp_path / 'summary.json'}; latest checkpoint: "
+        f"{tmp_path / 'checkpoints' / 'last.pt'}")
 
 
 # --- the per-round invariants on reports, as every engine makes them (here: two Ray collectors' rollouts) ------------
